@@ -1,0 +1,34 @@
+"""rlcollect: fast asynchronous reinforcement-learning data collection.
+
+The names below are re-exported lazily: worker processes import parts of this package
+and must not pay for (or be able to see) torch, which the collector itself needs.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlcollect.collector.collector import AsyncBatchedCollector
+    from rlcollect.errors import CollectorError, InferenceError, WorkerError
+
+__all__ = ["AsyncBatchedCollector", "CollectorError", "InferenceError", "WorkerError"]
+
+_HOMES = {
+    "AsyncBatchedCollector": "rlcollect.collector.collector",
+    "CollectorError": "rlcollect.errors",
+    "InferenceError": "rlcollect.errors",
+    "WorkerError": "rlcollect.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'rlcollect' has no attribute {name!r}")
+    return getattr(import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,507 @@
+"""``AsyncBatchedCollector``: envs in workers, one batching inference server, exact batches.
+
+::
+
+    env_fns ─▶ workers (threads or processes, numpy only) ──ring──▶ InferenceServer thread
+                   │ full chunks, by index                               (policy on device)
+                   ▼
+    caller ◀─ TensorDict [frames_per_batch] ◀─ BatchBuilder (the iterating thread) ─▶ replay_buffer
+
+The collector checks its arguments, builds one env in the driver to learn the spaces,
+runs the policy once on sampled observations to learn its outputs, lays the ring out
+from both, starts the transport and the server, and then turns chunks into batches for
+as long as the caller iterates.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+from gymnasium import spaces
+from tensordict import TensorDict
+
+from rlcollect.collector.batches import BatchBuilder
+from rlcollect.collector.worker import WorkerSpec, observation_key, run_worker
+from rlcollect.errors import ChannelClosed, CollectorError
+from rlcollect.inference.policy import PolicyRunner, output_fields
+from rlcollect.inference.server import BatchingConfig, InferenceServer
+from rlcollect.transports.base import ServerEnd, Transport
+from rlcollect.transports.layout import Field, RingLayout
+from rlcollect.transports.process_slots import ProcessSlotTransport
+from rlcollect.transports.thread_queue import ThreadQueueTransport
+
+__all__ = ["AsyncBatchedCollector"]
+
+Path = tuple[str, ...]
+_TRANSPORTS: dict[str, Callable[[], Transport]] = {
+    "thread": ThreadQueueTransport,
+    "process_slots": ProcessSlotTransport,
+}
+_SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
+_AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
+_POLL = 0.1  # seconds between liveness checks while waiting for chunks
+
+
+class AsyncBatchedCollector:
+    """Collects transitions from many envs with one batched policy, asynchronously.
+
+    Iterating yields :class:`tensordict.TensorDict` batches of exactly
+    ``frames_per_batch`` transitions (the last one holds what remains of
+    ``total_frames``) with the keys ``observation``, ``action``, every other policy
+    output, ``policy_version``, ``env_index``, ``episode``, ``step`` and
+    ``("next", "observation" | "reward" | "terminated" | "truncated" | "done")``.
+    Rows of one batch come from many envs; sort by ``(env_index, episode, step)`` to
+    read one env's stream.
+
+    Args:
+        env_fns: zero-argument callables, each returning a ``gymnasium.Env``. Env ``i``
+            is the one ``env_fns[i]`` builds. With ``transport="process_slots"`` they
+            travel to the workers with cloudpickle.
+        policy: a ``torch.nn.Module`` (receives the observation batch, returns the
+            action tensor or a mapping holding ``action``) or a ``TensorDictModule``
+            whose ``out_keys`` include ``action``. The collector serves a deep copy on
+            ``policy_device``; push new weights with :meth:`update_policy_weights_`.
+        frames_per_batch: transitions per yielded batch.
+        total_frames: transitions to deliver in all, or -1 to collect until
+            :meth:`shutdown`.
+        transport: ``"process_slots"`` (worker processes, shared memory),
+            ``"thread"`` (worker threads in this process), or a
+            :class:`~rlcollect.transports.Transport` instance (used for this collector
+            only).
+        envs_per_worker: envs stepped one after the other by each worker; the number of
+            envs must be a multiple of it.
+        transition_chunk_size: transitions per message from a worker, a multiple of
+            ``envs_per_worker``. ``"auto"`` gives each env ``frames_per_batch //
+            num_envs`` steps per chunk, at least 1 and at most 64: then every batch draws
+            on every env (fresh data, no env over-represented), while the per-message
+            cost is already spread over many transitions where batches are large.
+        max_batch_size: most env observations per policy call (default: every env).
+        min_batch_size: observations the server waits for before a call ...
+        batch_timeout: ... but never longer than this many seconds after the oldest
+            waiting request.
+        policy_device: where the policy runs; default ``"cuda"`` when available, else
+            ``"cpu"``.
+        replay_buffer: anything with ``.extend(tensordict)``; every batch is written to
+            it before it is yielded.
+        seed: env ``i`` is reset with ``seed + i`` the first time; None leaves envs
+            unseeded.
+
+    Raises:
+        TypeError, ValueError: at construction, for arguments, envs or a policy that
+            cannot work together; the message names the problem.
+        WorkerError: while iterating, when an env raises or a worker dies.
+        InferenceError: while iterating, when the policy fails.
+
+    Example::
+
+        with AsyncBatchedCollector([make_env] * 8, policy, frames_per_batch=256,
+                                   total_frames=10_000) as collector:
+            for batch in collector:
+                learn(batch)
+                collector.update_policy_weights_(policy)
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        policy: torch.nn.Module,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        transport: str | Transport = "process_slots",
+        envs_per_worker: int = 1,
+        transition_chunk_size: int | str = "auto",
+        max_batch_size: int | None = None,
+        min_batch_size: int = 1,
+        batch_timeout: float = 1e-3,
+        policy_device: str | torch.device | None = None,
+        replay_buffer: Any = None,
+        seed: int | None = 0,
+    ) -> None:
+        self._closed = True  # until everything is up: shutdown() must work at any point
+        self._transport: Transport | None = None
+        self._server: InferenceServer | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+        env_fns = _check_env_fns(env_fns)
+        num_envs = len(env_fns)
+        _check_int("frames_per_batch", frames_per_batch, minimum=1)
+        if total_frames != -1:
+            _check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
+        _check_int("envs_per_worker", envs_per_worker, minimum=1)
+        if num_envs % envs_per_worker:
+            raise ValueError(
+                f"{num_envs} envs cannot be split into workers of envs_per_worker="
+                f"{envs_per_worker}; use a divisor of the number of envs"
+            )
+        chunk_steps = _chunk_steps(
+            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker
+        )
+        if seed is not None:
+            _check_int("seed", seed, minimum=0, extra="or None")
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise TypeError(
+                f"replay_buffer must have an extend(tensordict) method; got "
+                f"{type(replay_buffer).__name__}"
+            )
+        batching = BatchingConfig(
+            max_batch_size=num_envs if max_batch_size is None else max_batch_size,
+            min_batch_size=min_batch_size,
+            batch_timeout=batch_timeout,
+        )
+        transport_obj = _make_transport(transport)
+        if isinstance(transport_obj, ProcessSlotTransport):
+            _check_picklable(env_fns)
+        device = _device(policy_device)
+
+        observation_space, action_space = _probe_spaces(env_fns[0])
+        paths, obs_fields = _observation_fields(observation_space)
+        served = _copy_policy(policy, device)
+        runner = PolicyRunner(served, device, paths)
+        action_field, extra_fields = output_fields(
+            _probe_policy(runner, observation_space, paths), action_space
+        )
+        fields = (
+            *obs_fields,
+            *(
+                Field(observation_key(p, nxt=True), f.shape, f.dtype)
+                for p, f in zip(paths, obs_fields, strict=True)
+            ),
+            action_field,
+            *extra_fields,
+            Field(("policy_version",), (), np.dtype(np.int64)),
+            Field(("env_index",), (), np.dtype(np.int64)),
+            Field(("episode",), (), np.dtype(np.int64)),
+            Field(("step",), (), np.dtype(np.int64)),
+            Field(("next", "reward"), (), np.dtype(np.float32)),
+            Field(("next", "terminated"), (), np.dtype(np.bool_)),
+            Field(("next", "truncated"), (), np.dtype(np.bool_)),
+        )
+        num_workers = num_envs // envs_per_worker
+        layout = RingLayout(fields, num_workers, envs_per_worker, chunk_steps, _SLOTS)
+        programs = [
+            functools.partial(
+                run_worker,
+                spec=WorkerSpec(
+                    env_fns=tuple(env_fns[w * envs_per_worker : (w + 1) * envs_per_worker]),
+                    env_offset=w * envs_per_worker,
+                    seed=seed,
+                    chunk_steps=chunk_steps,
+                    slots=_SLOTS,
+                    observation_space=observation_space,
+                    action_space=action_space,
+                    observation_paths=paths,
+                    discrete_actions=isinstance(action_space, spaces.Discrete),
+                ),
+            )
+            for w in range(num_workers)
+        ]
+
+        self.num_envs = num_envs
+        self.frames_per_batch = frames_per_batch
+        self.total_frames = total_frames
+        self.transition_chunk_size = chunk_steps * envs_per_worker
+        self.policy_device = device
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self._replay_buffer = replay_buffer
+        self._layout = layout
+        self._frames = 0
+        self._batches = 0
+        self._wait_seconds = 0.0
+        self._started = time.perf_counter()
+        self._cpu_started = time.process_time()
+
+        self._transport = transport_obj
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _shutdown_parts, transport_obj, None)
+        try:
+            self._end: ServerEnd = transport_obj.start(layout, programs)
+            self._server = InferenceServer(
+                runner, self._end, envs_per_worker=envs_per_worker, batching=batching
+            )
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _shutdown_parts, transport_obj, self._server)
+            self._server.start()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._builder = BatchBuilder(
+            layout, self._end.buffers, frames_per_batch=frames_per_batch, total_frames=total_frames
+        )
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> AsyncBatchedCollector:
+        return self
+
+    def __next__(self) -> TensorDict:
+        if self._closed:
+            if self.total_frames != -1 and self._frames >= self.total_frames:
+                raise StopIteration
+            raise CollectorError("the collector is shut down")
+        if self._builder.exhausted and not self._builder.ready:
+            self.shutdown()
+            raise StopIteration
+        t0 = time.perf_counter()
+        try:
+            while not self._builder.ready:
+                try:
+                    chunks = self._end.wait_chunks(_POLL)
+                except ChannelClosed:
+                    self._raise_server_error()
+                    raise CollectorError("the transport closed while collecting") from None
+                for worker, slot in chunks:
+                    self._builder.add_chunk(worker, slot)
+                    self._end.release(worker, slot)
+                self._raise_server_error()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._wait_seconds += time.perf_counter() - t0
+        batch = self._builder.pop()
+        self._frames += batch.batch_size[0]
+        self._batches += 1
+        if self._replay_buffer is not None:
+            self._replay_buffer.extend(batch)
+        if self._builder.exhausted and not self._builder.ready:
+            self.shutdown()  # the budget is met: free workers and memory now
+        return batch
+
+    def _raise_server_error(self) -> None:
+        if self._server is not None and self._server.error is not None:
+            raise self._server.error
+
+    # ------------------------------------------------------------------ control
+
+    @property
+    def policy_version(self) -> int:
+        """Weights version in use: 0 at start, +1 per :meth:`update_policy_weights_`."""
+        return 0 if self._server is None else self._server.policy_version
+
+    def update_policy_weights_(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> int:
+        """Copy new weights into the served policy, between inference batches.
+
+        Args:
+            weights: a module with the policy's structure, or its ``state_dict()``.
+
+        Returns:
+            The new :attr:`policy_version`; every transition whose action these weights
+            choose carries it.
+        """
+        if self._closed or self._server is None:
+            raise CollectorError("the collector is shut down")
+        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+        return self._server.update_weights(state)
+
+    def stats(self) -> dict[str, Any]:
+        """Frames, batches, throughput, driver CPU time per frame and server statistics."""
+        elapsed = time.perf_counter() - self._started
+        cpu = time.process_time() - self._cpu_started
+        out: dict[str, Any] = {
+            "frames": self._frames,
+            "batches": self._batches,
+            "seconds": elapsed,
+            "frames_per_second": self._frames / elapsed if elapsed > 0 else 0.0,
+            "driver_cpu_ms_per_frame": 1e3 * cpu / self._frames if self._frames else 0.0,
+            "consumer_wait_seconds": self._wait_seconds,
+            "policy_version": self.policy_version,
+        }
+        if self._server is not None:
+            out["server"] = self._server.stats()
+        return out
+
+    def shutdown(self) -> None:
+        """Stop the server and the workers and free shared memory. Idempotent."""
+        if self._closed and self._transport is None:
+            return
+        self._closed = True
+        server, transport = self._server, self._transport
+        self._transport = None
+        _shutdown_parts(transport, server)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    def __enter__(self) -> AsyncBatchedCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _shutdown_parts(transport: Transport | None, server: InferenceServer | None) -> None:
+    if server is not None:
+        server.stop()
+    if transport is not None:
+        transport.close()
+
+
+# ---------------------------------------------------------------------- argument checks
+
+
+def _check_int(name: str, value: Any, *, minimum: int, extra: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(
+            f"{name} must be an int >= {minimum}{' ' + extra if extra else ''}, got {value!r}"
+        )
+
+
+def _check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
+    if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
+        raise TypeError(
+            "env_fns must be a sequence of zero-argument callables returning gymnasium "
+            f"envs; got {type(env_fns).__name__}"
+        )
+    if not env_fns:
+        raise ValueError("env_fns is empty: give at least one env factory")
+    for i, fn in enumerate(env_fns):
+        if not callable(fn):
+            raise TypeError(f"env_fns[{i}] is a {type(fn).__name__}, not a callable")
+    return list(env_fns)
+
+
+def _chunk_steps(chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int) -> int:
+    if chunk == "auto":
+        return max(1, min(_AUTO_CHUNK_CAP, fpb // num_envs))
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f'transition_chunk_size must be "auto" or an int >= 1, got {chunk!r}')
+    if chunk % envs_per_worker:
+        raise ValueError(
+            f"transition_chunk_size={chunk} is not a multiple of envs_per_worker="
+            f"{envs_per_worker}: a chunk holds the same number of steps of every env of a worker"
+        )
+    return chunk // envs_per_worker
+
+
+def _make_transport(transport: str | Transport) -> Transport:
+    if isinstance(transport, Transport):
+        return transport
+    if isinstance(transport, str) and transport in _TRANSPORTS:
+        return _TRANSPORTS[transport]()
+    raise ValueError(
+        f"transport must be one of {sorted(_TRANSPORTS)} or a Transport instance, got {transport!r}"
+    )
+
+
+def _check_picklable(env_fns: list[Callable[[], Any]]) -> None:
+    for i, fn in enumerate(env_fns):
+        try:
+            cloudpickle.dumps(fn)
+        except Exception as exc:
+            raise TypeError(
+                f"env_fns[{i}] cannot be pickled for a worker process ({type(exc).__name__}: "
+                f"{exc}); make the factory picklable or use transport='thread'"
+            ) from exc
+
+
+def _device(policy_device: str | torch.device | None) -> torch.device:
+    if policy_device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(policy_device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"policy_device {policy_device!r} is not a torch device") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"policy_device={policy_device!r}, but CUDA is not available here")
+    return device
+
+
+def _probe_spaces(env_fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """Build env 0 once in the driver to learn the spaces every env must share."""
+    try:
+        env = env_fn()
+    except Exception as exc:
+        raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
+    try:
+        from gymnasium.vector import VectorEnv
+
+        if isinstance(env, VectorEnv):
+            raise TypeError(
+                "env_fns[0] returned a gymnasium VectorEnv; give one factory per env instead"
+            )
+        obs_space = getattr(env, "observation_space", None)
+        act_space = getattr(env, "action_space", None)
+        if not isinstance(obs_space, spaces.Space) or not isinstance(act_space, spaces.Space):
+            raise TypeError(
+                "env_fns[0] returned an object without gymnasium observation_space and "
+                f"action_space: {type(env).__name__}"
+            )
+        return obs_space, act_space
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
+def _observation_fields(space: Any) -> tuple[tuple[Path, ...], tuple[Field, ...]]:
+    leaves: list[tuple[Path, Any]] = []
+
+    def walk(path: Path, sub: Any) -> None:
+        if isinstance(sub, spaces.Dict):
+            for name, child in sub.spaces.items():
+                walk((*path, str(name)), child)
+        elif isinstance(
+            sub, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+        ):
+            leaves.append((path, sub))
+        else:
+            where = "observation" + "".join(f"[{n!r}]" for n in path)
+            raise TypeError(
+                f"{where} space {sub} is not supported; use Box, Discrete, MultiDiscrete, "
+                "MultiBinary or a Dict of those"
+            )
+
+    walk((), space)
+    if not leaves:
+        raise TypeError(f"observation_space {space} holds no array leaves")
+    paths = tuple(path for path, _ in leaves)
+    fields = tuple(
+        Field(observation_key(path), tuple(sub.shape), np.dtype(sub.dtype)) for path, sub in leaves
+    )
+    return paths, fields
+
+
+def _copy_policy(policy: Any, device: torch.device) -> torch.nn.Module:
+    if not isinstance(policy, torch.nn.Module):
+        raise TypeError(
+            f"policy must be a torch.nn.Module or a TensorDictModule, got {type(policy).__name__}"
+        )
+    served = copy.deepcopy(policy).to(device)
+    served.requires_grad_(False)
+    return served
+
+
+def _probe_policy(
+    runner: PolicyRunner, space: Any, paths: tuple[Path, ...]
+) -> dict[tuple[str, ...], torch.Tensor]:
+    """Run the policy once on two sampled observations to learn its outputs."""
+    space.seed(0)
+    samples = [space.sample(), space.sample()]
+    batch: dict[Path, np.ndarray] = {}
+    for path in paths:
+        leaves = []
+        for sample in samples:
+            value = sample
+            for name in path:
+                value = value[name]
+            leaves.append(np.asarray(value))
+        batch[path] = np.stack(leaves)
+    try:
+        return runner(batch)
+    except Exception as exc:
+        shapes = ", ".join(
+            f"{observation_key(path)}: {tuple(arr.shape)} {arr.dtype}"
+            for path, arr in batch.items()
+        )
+        raise ValueError(
+            f"the policy failed on a batch of 2 sampled observations ({shapes}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc

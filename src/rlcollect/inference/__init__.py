@@ -1,0 +1,6 @@
+"""The inference server and the policy runner."""
+
+from rlcollect.inference.policy import PolicyRunner
+from rlcollect.inference.server import BatchingConfig, InferenceServer
+
+__all__ = ["BatchingConfig", "InferenceServer", "PolicyRunner"]

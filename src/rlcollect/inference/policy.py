@@ -1,0 +1,156 @@
+"""Calling the policy: both calling conventions, and the checks of what it returns.
+
+A plain ``nn.Module`` receives the batched observation (a tensor, or a TensorDict for
+dict observation spaces) on the policy device and returns the action tensor, or a
+mapping / TensorDict holding ``action`` and extra outputs. A ``TensorDictModule``
+receives a TensorDict holding ``observation`` and writes its ``out_keys``, which must
+include ``action``. Either way the runner returns ``{key: tensor [B, ...]}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+from rlcollect.transports.layout import Field, Key
+
+__all__ = ["RESERVED_KEYS", "PolicyRunner"]
+
+#: Keys the collector writes itself; a policy output may not use them.
+RESERVED_KEYS = frozenset({"observation", "next", "env_index", "episode", "step", "policy_version"})
+
+Path = tuple[str, ...]
+
+
+class PolicyRunner:
+    """Runs ``policy`` on numpy observation batches and returns its outputs by key."""
+
+    def __init__(
+        self, policy: torch.nn.Module, device: torch.device, observation_paths: tuple[Path, ...]
+    ) -> None:
+        if not isinstance(policy, torch.nn.Module):
+            raise TypeError(
+                f"policy must be a torch.nn.Module or a TensorDictModule, got {type(policy)!r}"
+            )
+        self.policy = policy
+        self.device = device
+        self.paths = observation_paths
+        self.tensordict_policy = isinstance(policy, TensorDictModuleBase)
+        self._dict_obs = observation_paths != ((),)
+
+    def __call__(self, observations: Mapping[Path, np.ndarray]) -> dict[Key, torch.Tensor]:
+        """``observations[path]`` is ``[B, *shape]``; returns every output as ``[B, ...]``."""
+        batch = next(iter(observations.values())).shape[0]
+        tensors = {
+            path: torch.from_numpy(arr).to(self.device, non_blocking=True)
+            for path, arr in observations.items()
+        }
+        with torch.inference_mode():
+            if self.tensordict_policy:
+                td = TensorDict(
+                    {("observation", *path): t for path, t in tensors.items()},
+                    batch_size=[batch],
+                    device=self.device,
+                )
+                out = self.policy(td)
+                return _outputs_of_tensordict(out if out is not None else td, batch)
+            if self._dict_obs:
+                arg: Any = TensorDict({path: t for path, t in tensors.items()}, batch_size=[batch])
+            else:
+                arg = tensors[()]
+            return _outputs(self.policy(arg), batch)
+
+
+def _outputs_of_tensordict(td: TensorDictBase, batch: int) -> dict[Key, torch.Tensor]:
+    out: dict[Key, torch.Tensor] = {}
+    for key in td.keys(include_nested=True, leaves_only=True):
+        tkey = (key,) if isinstance(key, str) else tuple(key)
+        if tkey[0] == "observation":
+            continue
+        out[tkey] = td.get(key)
+    return _check_batch(out, batch)
+
+
+def _outputs(result: Any, batch: int) -> dict[Key, torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        return _check_batch({("action",): result}, batch)
+    if isinstance(result, TensorDictBase):
+        return _outputs_of_tensordict(result, batch)
+    if isinstance(result, Mapping):
+        out: dict[Key, torch.Tensor] = {}
+        for key, value in result.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"policy output {key!r} is a {type(value).__name__}, not a tensor")
+            out[(key,) if isinstance(key, str) else tuple(key)] = value
+        return _check_batch(out, batch)
+    raise TypeError(
+        "policy must return the action tensor, or a mapping or TensorDict holding 'action'; "
+        f"it returned {type(result).__name__}"
+    )
+
+
+def _check_batch(out: dict[Key, torch.Tensor], batch: int) -> dict[Key, torch.Tensor]:
+    if ("action",) not in out:
+        raise KeyError(f"policy output has no 'action' (it has {sorted(out)})")
+    for key, value in out.items():
+        if value.ndim == 0 or value.shape[0] != batch:
+            raise ValueError(
+                f"policy output {key} has shape {tuple(value.shape)}; expected a leading batch "
+                f"dimension of {batch}"
+            )
+    return out
+
+
+def action_dtype(space: Any) -> np.dtype[Any]:
+    """Ring dtype of actions of ``space``: int64 for discrete kinds, float32 for Box."""
+    from gymnasium import spaces
+
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        return np.dtype(np.int64)
+    if isinstance(space, spaces.MultiBinary):
+        return np.dtype(np.int8)
+    if isinstance(space, spaces.Box):
+        return np.dtype(np.float32)
+    raise TypeError(
+        f"action_space {space} is not supported; use Discrete, MultiDiscrete, MultiBinary or Box"
+    )
+
+
+def output_fields(
+    outputs: Mapping[Key, torch.Tensor], action_space: Any
+) -> tuple[Field, tuple[Field, ...]]:
+    """Check a probe's outputs against ``action_space``; return the action and extra fields."""
+    action = outputs[("action",)]
+    want_shape = tuple(action_space.shape)
+    if tuple(action.shape[1:]) != want_shape:
+        raise ValueError(
+            f"policy returned actions of shape {tuple(action.shape[1:])} per env; the action "
+            f"space {action_space} needs {want_shape}"
+        )
+    dtype = action_dtype(action_space)
+    if dtype.kind in "iu" and action.dtype.is_floating_point:
+        raise TypeError(
+            f"policy returned {action.dtype} actions for the integer action space "
+            f"{action_space}; return integer actions (e.g. argmax or a sample)"
+        )
+    extras = []
+    for key, value in outputs.items():
+        if key == ("action",):
+            continue
+        if key[0] in RESERVED_KEYS:
+            raise ValueError(
+                f"policy writes {key}, a key the collector fills itself; rename that output"
+            )
+        try:
+            np_dtype = torch.empty(0, dtype=value.dtype).numpy().dtype
+        except TypeError as exc:
+            raise TypeError(
+                f"policy output {key} has dtype {value.dtype}, which numpy cannot hold; cast it"
+            ) from exc
+        extras.append(Field(key, tuple(value.shape[1:]), np_dtype))
+    return Field(("action",), want_shape, dtype), tuple(extras)

@@ -1,0 +1,234 @@
+"""The inference server: one thread that batches worker requests and runs the policy.
+
+Each pass of its loop is four named, timed phases::
+
+    wait     collect requests (worker, position) until min_batch_size rows are ready
+             or batch_timeout has passed since the oldest one arrived
+    gather   one fancy index per observation field over (worker, position) → [B, ...]
+    forward  the policy on the policy device (weights never change during a forward)
+    scatter  actions and extra outputs, stamped with the weights version, written back
+             at each (worker, position); then each worker is woken
+
+A request holds the observations of all ``envs_per_worker`` envs of one worker, so a
+batch is a whole number of requests: at most ``max_batch_size`` rows, and never less
+than one request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlcollect.errors import ChannelClosed, InferenceError
+from rlcollect.inference.policy import PolicyRunner
+from rlcollect.transports.base import ServerEnd
+
+__all__ = ["BatchingConfig", "InferenceServer"]
+
+Path = tuple[str, ...]
+_IDLE_WAIT = 0.05  # seconds between checks of the stop flag when no request comes
+PHASES = ("wait", "gather", "forward", "scatter")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How the server forms batches (rows = envs)."""
+
+    max_batch_size: int
+    min_batch_size: int = 1
+    batch_timeout: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be a positive int, got {self.max_batch_size!r}")
+        if not isinstance(self.min_batch_size, int) or self.min_batch_size < 1:
+            raise ValueError(f"min_batch_size must be a positive int, got {self.min_batch_size!r}")
+        if self.min_batch_size > self.max_batch_size:
+            raise ValueError(
+                f"min_batch_size ({self.min_batch_size}) exceeds max_batch_size "
+                f"({self.max_batch_size})"
+            )
+        if not isinstance(self.batch_timeout, (int, float)) or not self.batch_timeout >= 0:
+            raise ValueError(f"batch_timeout must be a number >= 0, got {self.batch_timeout!r}")
+
+
+class InferenceServer:
+    """Serves action requests from a :class:`~rlcollect.transports.ServerEnd` in a thread.
+
+    Args:
+        runner: calls the policy (see :class:`~rlcollect.inference.policy.PolicyRunner`).
+        end: the driver's end of a started transport.
+        envs_per_worker: rows per request.
+        batching: batch size limits and timeout.
+
+    The server owns the policy copy inside ``runner``; :meth:`update_weights` changes it
+    between batches only and bumps :attr:`policy_version`, which is stamped on every
+    transition the batch serves.
+    """
+
+    def __init__(
+        self,
+        runner: PolicyRunner,
+        end: ServerEnd,
+        *,
+        envs_per_worker: int,
+        batching: BatchingConfig,
+    ) -> None:
+        self._runner = runner
+        self._end = end
+        self._k = envs_per_worker
+        self._batching = batching
+        self._max_requests = max(1, batching.max_batch_size // envs_per_worker)
+        self._obs_fields = {path: end.buffers[("observation", *path)] for path in runner.paths}
+        self._version_field = end.buffers[("policy_version",)]
+        self._weights_lock = threading.Lock()
+        self._version = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: InferenceError | None = None
+        self._phase_ns = dict.fromkeys(PHASES, 0)
+        self._batches = 0
+        self._rows = 0
+        self._batch_sizes = np.zeros(batching.max_batch_size + envs_per_worker + 1, np.int64)
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights in use: 0 at start, +1 per :meth:`update_weights`."""
+        return self._version
+
+    def start(self) -> None:
+        """Start the server thread."""
+        self._thread = threading.Thread(target=self._run, name="rlcollect-inference", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the server thread (idempotent)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> int:
+        """Copy ``state_dict`` into the served policy in place, between batches.
+
+        Returns the new policy version. Raises KeyError or ValueError (before changing
+        anything) if the keys or shapes do not match the policy's.
+        """
+        target = self._runner.policy.state_dict(keep_vars=True)
+        missing = set(target) - set(state_dict)
+        unexpected = set(state_dict) - set(target)
+        if missing or unexpected:
+            raise KeyError(
+                f"weights do not match the policy: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
+        for name, value in state_dict.items():
+            if tuple(value.shape) != tuple(target[name].shape):
+                raise ValueError(
+                    f"weight {name!r} has shape {tuple(value.shape)}, the policy's has "
+                    f"{tuple(target[name].shape)}"
+                )
+        with self._weights_lock, torch.no_grad():
+            for name, value in state_dict.items():
+                target[name].copy_(value)
+            self._version += 1
+            return self._version
+
+    def stats(self) -> dict[str, Any]:
+        """Batches served, rows, mean batch size, batch-size histogram, seconds per phase."""
+        sizes = {int(s): int(c) for s, c in enumerate(self._batch_sizes) if c}
+        return {
+            "batches": self._batches,
+            "rows": self._rows,
+            "mean_batch_size": self._rows / self._batches if self._batches else 0.0,
+            "batch_sizes": sizes,
+            "phase_seconds": {k: v / 1e9 for k, v in self._phase_ns.items()},
+        }
+
+    # ---------------------------------------------------------------- the loop
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except ChannelClosed:
+            return
+        except BaseException as exc:
+            err = InferenceError(f"the inference server failed: {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            self.error = err
+            self._end.abort()  # unblocks every worker and the consumer
+
+    def _loop(self) -> None:
+        pending: deque[tuple[int, int]] = deque()
+        oldest = 0.0
+        min_rows = self._batching.min_batch_size
+        timeout = self._batching.batch_timeout
+        clock = time.perf_counter_ns
+        phase = self._phase_ns
+        while not self._stop.is_set():
+            # wait
+            t0 = clock()
+            if not pending:
+                wait = _IDLE_WAIT
+            elif len(pending) * self._k >= min_rows:
+                wait = 0.0
+            else:
+                wait = max(0.0, oldest + timeout - time.perf_counter())
+            new = self._end.wait_requests(wait)
+            if new:
+                if not pending:
+                    oldest = time.perf_counter()
+                pending.extend(new)
+            phase["wait"] += clock() - t0
+            if not pending:
+                continue
+            ready = len(pending) * self._k >= min_rows
+            if not ready and time.perf_counter() - oldest < timeout:
+                continue
+            n = min(len(pending), self._max_requests)
+            batch = [pending.popleft() for _ in range(n)]
+            if pending:
+                oldest = time.perf_counter()
+            self._serve(batch)
+
+    def _serve(self, batch: list[tuple[int, int]]) -> None:
+        clock = time.perf_counter_ns
+        phase = self._phase_ns
+        t0 = clock()
+        workers = np.fromiter((w for w, _ in batch), dtype=np.intp, count=len(batch))
+        positions = np.fromiter((p for _, p in batch), dtype=np.intp, count=len(batch))
+        rows = len(batch) * self._k
+        obs = {
+            path: field[workers, positions].reshape(rows, *field.shape[3:])
+            for path, field in self._obs_fields.items()
+        }
+        t1 = clock()
+        with self._weights_lock:
+            outputs = self._runner(obs)
+            version = self._version
+            t2 = clock()
+            ring = self._end.buffers
+            for key, value in outputs.items():
+                dst = ring[key]
+                src = value.detach().to("cpu").numpy()
+                if src.shape[1:] != dst.shape[3:]:
+                    raise ValueError(
+                        f"policy output {key} has shape {src.shape[1:]} per env, but it had "
+                        f"{dst.shape[3:]} when the collector was built"
+                    )
+                dst[workers, positions] = src.reshape(len(batch), self._k, *dst.shape[3:])
+            self._version_field[workers, positions] = version
+        self._end.respond([int(w) for w in workers])
+        t3 = clock()
+        phase["gather"] += t1 - t0
+        phase["forward"] += t2 - t1
+        phase["scatter"] += t3 - t2
+        self._batches += 1
+        self._rows += rows
+        self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1

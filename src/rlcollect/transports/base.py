@@ -1,0 +1,151 @@
+"""The transport contract: the smallest set of messages a worker and the driver exchange.
+
+::
+
+    worker                                    driver
+    ──────                                    ──────
+    writes observation at position p
+    request(p) ───────────────────────────▶  wait_requests() → [(worker, p), ...]
+                                             (server writes action at p)
+    wait_response() ◀──────────────────────  respond([worker, ...])
+    ... chunk slot s full ...
+    hand_over(s) ─────────────────────────▶  wait_chunks() → [(worker, s), ...]
+                                             (driver copies slot s out)
+    wait_slot() ◀──────────────────────────  release(worker, s)
+
+Data never travels in these messages: it lives in the ring buffers that both ends see
+(``buffers``, laid out by :class:`~rlcollect.transports.layout.RingLayout`); messages
+carry indices only. A worker holds at most one outstanding request, and at most
+``layout.slots`` chunks it has not had back; a transport may rely on both bounds.
+
+A :class:`Transport` allocates the ring, starts one worker per program and returns the
+driver's :class:`ServerEnd`. Every wait on either end must end when the other side goes
+away: worker waits raise :class:`~rlcollect.errors.ChannelClosed` once the driver
+closes or dies, and :meth:`ServerEnd.wait_chunks` raises
+:class:`~rlcollect.errors.WorkerError` once a worker has failed or died.
+"""
+
+from __future__ import annotations
+
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from rlcollect.errors import EnvError, WorkerFailure
+from rlcollect.transports.layout import Key, RingLayout
+
+__all__ = ["ServerEnd", "Transport", "WorkerEnd", "WorkerProgram", "failure_from_exception"]
+
+
+class WorkerEnd(ABC):
+    """The worker's end of a transport."""
+
+    #: Index of this worker, 0 … num_workers - 1.
+    index: int
+    #: This worker's part of the ring, every field as ``[positions, envs_per_worker, ...]``.
+    buffers: Mapping[Key, np.ndarray]
+
+    @abstractmethod
+    def request(self, position: int) -> None:
+        """Ask for actions: the observations at ``position`` are written."""
+
+    @abstractmethod
+    def wait_response(self) -> None:
+        """Block until the actions for the last request are written. Raises ChannelClosed."""
+
+    @abstractmethod
+    def hand_over(self, slot: int) -> None:
+        """Give chunk ``slot`` (positions ``slot*chunk_steps …``) to the driver."""
+
+    @abstractmethod
+    def wait_slot(self) -> None:
+        """Block until one more slot is free to write (the ring starts with all free).
+
+        Raises ChannelClosed.
+        """
+
+    @abstractmethod
+    def report(self, failure: WorkerFailure) -> None:
+        """Tell the driver this worker failed; the worker exits right after."""
+
+
+#: What a worker runs: given its end, it loops until the end raises ChannelClosed.
+#: Process transports pickle it (with cloudpickle), so it must not hold torch objects.
+WorkerProgram = Callable[[WorkerEnd], None]
+
+
+class ServerEnd(ABC):
+    """The driver's end of a transport: the inference server and the chunk consumer.
+
+    The inference thread calls ``wait_requests``/``respond``; the consuming thread calls
+    ``wait_chunks``/``release``. The two pairs must be safe to use from two threads.
+    """
+
+    #: The whole ring, every field as ``[num_workers, positions, envs_per_worker, ...]``.
+    buffers: Mapping[Key, np.ndarray]
+
+    @abstractmethod
+    def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
+        """Requests ``(worker, position)`` that arrived, waiting up to ``timeout`` s for one.
+
+        Returns an empty list on timeout. Raises ChannelClosed once aborted.
+        """
+
+    @abstractmethod
+    def respond(self, workers: Sequence[int]) -> None:
+        """Wake each worker in ``workers``: its actions are written."""
+
+    @abstractmethod
+    def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
+        """Chunks ``(worker, slot)`` handed over, waiting up to ``timeout`` s for one.
+
+        Returns an empty list on timeout. Raises WorkerError when a worker failed or
+        died, and ChannelClosed once aborted.
+        """
+
+    @abstractmethod
+    def release(self, worker: int, slot: int) -> None:
+        """Give ``slot`` back to ``worker``: the driver has copied it out."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Stop the exchange: every wait on both ends ends promptly. Idempotent, any thread."""
+
+
+class Transport(ABC):
+    """Allocates the ring, runs the workers, and carries their messages.
+
+    Subclass it to move the doorbells or the workers somewhere else; run
+    :func:`rlcollect.testing.check_transport` against the subclass to prove it keeps
+    this contract. A transport instance serves one collector: ``start`` once, then
+    ``close``.
+    """
+
+    @abstractmethod
+    def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
+        """Allocate the ring for ``layout``, start worker ``i`` running ``programs[i]``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop every worker and free every resource. Idempotent; never hangs."""
+
+
+def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailure:
+    """Describe ``exc`` as a :class:`WorkerFailure` (strings only, safe to send anywhere).
+
+    An :class:`~rlcollect.errors.EnvError` is unwrapped: the failure names its env and
+    describes the env's own exception.
+    """
+    env_index = -1
+    if isinstance(exc, EnvError) and exc.__cause__ is not None:
+        env_index = exc.env_index
+        exc = exc.__cause__
+    return WorkerFailure(
+        worker_index=worker_index,
+        env_index=env_index,
+        exc_type=type(exc).__qualname__,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+    )

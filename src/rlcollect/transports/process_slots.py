@@ -1,0 +1,491 @@
+"""Worker processes, the ring in one shared-memory segment, doorbells on pipes.
+
+Data flow::
+
+    worker process i (numpy only)        shared memory (one segment)        driver process
+    ┌─────────────────────────────┐     ┌───────────────────────────┐     ┌──────────────────────┐
+    │ writes obs at position p ───┼────▶│ ring[field][i, p, env]    │◀────┼ inference thread:     │
+    │ request:  (i, p) ───────────┼─ requests pipe (shared) ───────────-─▶│  gathers, runs policy,│
+    │                             │     │                           │◀────┼  writes action at p   │
+    │ wait_response ◀─────────────┼─ responses[i] pipe ─────────────────-─┼  respond: 1 byte      │
+    │ steps envs, writes reward,  │     │                           │     │                      │
+    │ next obs … chunk full:      │     │                           │     │ consuming thread:     │
+    │ hand_over: (i, slot) ───────┼─ chunks pipe (shared) ─────────────-─▶│  copies slot out ◀────┤
+    │ wait_slot ◀─────────────────┼─ credits[i] pipe ───────────────────-─┼  release: 1 byte      │
+    │ on failure: report ─────────┼─ reports[i] pipe ──────────────────-─▶│  WorkerError          │
+    └─────────────────────────────┘     └───────────────────────────┘     └──────────────────────┘
+
+The shared-memory protocol (who writes what, in what order, why it is safe):
+
+* The driver creates the segment (owner-only, a random name) before any worker starts
+  and is the only one to unlink it, except that a worker which finds the driver gone
+  unlinks it too (``shm_unlink`` of a removed name is harmless), so that a driver
+  killed with SIGKILL leaves no segment behind.
+* A worker writes the observation fields of position ``p`` and only then writes the
+  8-byte message ``(i, p)`` to the requests pipe. The server reads ``ring[..., i, p]``
+  only after it has read that message. A pipe ``write``/``read`` pair orders memory
+  like a lock release/acquire (the kernel takes the pipe's lock on both sides), so the
+  server sees every byte written before the message. Messages are 8 bytes, below
+  ``PIPE_BUF``, so writes from many workers never interleave.
+* The server writes the action fields of ``(i, p)`` and then one byte to
+  ``responses[i]``; the worker reads them after that byte. Worker ``i`` has one request
+  outstanding at most, so nobody else writes those cells meanwhile.
+* A worker writes the rest of a step (reward, flags, next observation) into positions
+  of a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not touch the slot
+  again until it has read a byte from ``credits[i]``, which the driver writes after it
+  has copied the slot out. ``credits[i]`` starts with one byte per slot.
+* Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
+  ``credits[i]``; a worker's blocking read then returns end-of-file and it exits. The
+  same happens when the driver dies, however it dies. A worker's death closes its end
+  of ``reports[i]``, which wakes the driver's poll at once.
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import mmap
+import os
+import pickle
+import secrets
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
+from rlcollect.transports.base import (
+    ServerEnd,
+    Transport,
+    WorkerEnd,
+    WorkerProgram,
+    failure_from_exception,
+)
+from rlcollect.transports.layout import RingLayout, worker_views
+
+__all__ = ["ProcessSlotTransport"]
+
+_MESSAGE = struct.Struct("<ii")  # (worker, position or slot), little-endian int32 pair
+_READ_BYTES = 1 << 16
+_REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
+_CHILD = "from rlcollect.transports.process_slots import _worker_main; _worker_main()"
+
+
+@dataclass(frozen=True)
+class _Header:
+    """What a worker process needs before it can unpickle its program."""
+
+    index: int
+    shm_name: str
+    layout: RingLayout
+    requests_w: int
+    chunks_w: int
+    responses_r: int
+    credits_r: int
+    reports_w: int
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+class _ProcessWorker(WorkerEnd):
+    def __init__(self, header: _Header, ring: mmap.mmap) -> None:
+        self.index = header.index
+        self.buffers = worker_views(header.layout.views(ring), header.index)
+        self._h = header
+
+    def request(self, position: int) -> None:
+        _write(self._h.requests_w, _MESSAGE.pack(self.index, position))
+
+    def wait_response(self) -> None:
+        _read_token(self._h.responses_r)
+
+    def hand_over(self, slot: int) -> None:
+        _write(self._h.chunks_w, _MESSAGE.pack(self.index, slot))
+
+    def wait_slot(self) -> None:
+        _read_token(self._h.credits_r)
+
+    def report(self, failure: WorkerFailure) -> None:
+        try:
+            data = pickle.dumps(failure)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._h.reports_w, view) :]
+        except OSError:
+            pass  # the driver is gone; nobody is left to tell
+
+
+def _write(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    except (BrokenPipeError, OSError) as exc:
+        raise ChannelClosed("the driver closed the transport") from exc
+
+
+def _read_token(fd: int) -> None:
+    try:
+        token = os.read(fd, 1)
+    except OSError as exc:
+        raise ChannelClosed("the driver closed the transport") from exc
+    if not token:
+        raise ChannelClosed("the driver closed the transport")
+
+
+def _attach(name: str, size: int) -> mmap.mmap:
+    # Opened by hand rather than through SharedMemory, which in Python < 3.13 would
+    # register the segment with a resource tracker of this process and unlink it when
+    # this worker exits, under the feet of the driver and the other workers.
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _unlink(name: str) -> None:
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
+def _worker_main() -> None:
+    """Entry point of a worker process (see ``_CHILD``); imports no torch."""
+    # Ctrl-C reaches the whole process group; the driver decides how workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin = sys.stdin.buffer
+    header: _Header = pickle.load(stdin)
+    ring = _attach(header.shm_name, header.layout.nbytes)
+    end = _ProcessWorker(header, ring)
+    try:
+        program: WorkerProgram = pickle.load(stdin)
+        program(end)
+    except ChannelClosed:
+        _unlink(header.shm_name)  # the driver may have died without unlinking
+        return
+    except BaseException as exc:
+        end.report(failure_from_exception(header.index, exc))
+        sys.exit(1)
+    end.report(failure_from_exception(header.index, RuntimeError("worker program returned")))
+    sys.exit(1)
+
+
+# ---------------------------------------------------------------------------- driver side
+
+
+class _ProcessServer(ServerEnd):
+    def __init__(
+        self,
+        layout: RingLayout,
+        ring: mmap.mmap,
+        procs: list[subprocess.Popen[bytes]],
+        requests_r: int,
+        chunks_r: int,
+        *,
+        responses_w: list[int],
+        credits_w: list[int],
+        reports_r: list[int],
+    ) -> None:
+        self.buffers = layout.views(ring)
+        self._procs = procs
+        self._requests_r = requests_r
+        self._chunks_r = chunks_r
+        self._responses_w = responses_w
+        self._credits_w = credits_w
+        self._reports_r = {fd: i for i, fd in enumerate(reports_r)}
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (requests_r, chunks_r, self._wake_r, *reports_r):
+            os.set_blocking(fd, False)
+        self._request_poll = select.poll()
+        for fd in (requests_r, self._wake_r):
+            self._request_poll.register(fd, select.POLLIN)
+        self._chunk_poll = select.poll()
+        for fd in (chunks_r, self._wake_r, *reports_r):
+            self._chunk_poll.register(fd, select.POLLIN)
+        # Guards the write ends that abort() closes against writes from other threads.
+        self._lock = threading.Lock()
+        self._aborted = False
+        self._failure: WorkerError | None = None
+
+    # inference thread ------------------------------------------------------------------
+
+    def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
+        if self._aborted:
+            raise ChannelClosed("transport aborted")
+        data = _read_nowait(self._requests_r)
+        if data is None:
+            for fd, _ in self._request_poll.poll(_ms(timeout)):
+                if fd == self._wake_r:
+                    raise ChannelClosed("transport aborted")
+            data = _read_nowait(self._requests_r)
+            if data is None:
+                return []
+        if not data:
+            raise ChannelClosed("every worker has exited")
+        pairs = np.frombuffer(data, dtype="<i4").reshape(-1, 2)
+        return [(int(w), int(p)) for w, p in pairs]
+
+    def respond(self, workers: Sequence[int]) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            for w in workers:
+                _write_driver(self._responses_w[w])
+
+    # consuming thread ------------------------------------------------------------------
+
+    def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
+        if self._failure is not None:
+            raise self._failure
+        if self._aborted:
+            raise ChannelClosed("transport aborted")
+        ready = self._chunk_poll.poll(_ms(timeout))
+        for fd, _ in ready:
+            worker = self._reports_r.get(fd)
+            if worker is not None:
+                self._failure = self._collect_failure(worker, fd)
+                raise self._failure
+        for fd, _ in ready:
+            if fd == self._wake_r:
+                raise ChannelClosed("transport aborted")
+        data = _read_nowait(self._chunks_r)
+        if not data:
+            return []
+        pairs = np.frombuffer(data, dtype="<i4").reshape(-1, 2)
+        return [(int(w), int(s)) for w, s in pairs]
+
+    def release(self, worker: int, slot: int) -> None:
+        with self._lock:
+            if not self._aborted:
+                _write_driver(self._credits_w[worker])
+
+    def _collect_failure(self, worker: int, fd: int) -> WorkerError:
+        """Read worker's report until end-of-file (it exits right after writing it)."""
+        chunks = []
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while poller.poll(_ms(_REPORT_WAIT)):
+            data = _read_nowait(fd)
+            if not data:
+                break
+            chunks.append(data)
+        if chunks:
+            try:
+                failure: WorkerFailure = pickle.loads(b"".join(chunks))
+                return WorkerError.from_failure(failure)
+            except Exception:  # a torn report still means the worker failed
+                pass
+        proc = self._procs[worker]
+        try:
+            code = proc.wait(_REPORT_WAIT)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = _describe_exit(code)
+        return WorkerError(
+            f"worker {worker} (pid {proc.pid}) died without reporting an error: {how}",
+            worker_index=worker,
+        )
+
+    # any thread ------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
+            os.write(self._wake_w, b"\x01")
+            for fd in (*self._responses_w, *self._credits_w):
+                os.close(fd)
+
+    def close_fds(self) -> None:
+        """Close every remaining driver fd; only after abort() and with no waits running."""
+        for fd in (self._requests_r, self._chunks_r, self._wake_r, self._wake_w, *self._reports_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _ms(timeout: float) -> int:
+    return max(0, int(timeout * 1000.0 + 0.999))
+
+
+def _read_nowait(fd: int) -> bytes | None:
+    """Bytes waiting on non-blocking ``fd``; None if none, b"" at end-of-file."""
+    try:
+        return os.read(fd, _READ_BYTES)
+    except BlockingIOError:
+        return None
+
+
+def _write_driver(fd: int) -> None:
+    try:
+        os.write(fd, b"\x01")
+    except BrokenPipeError:
+        pass  # that worker is gone; wait_chunks reports it
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running after its report pipe closed"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code} (its stderr may say more)"
+
+
+class ProcessSlotTransport(Transport):
+    """Workers are processes; the ring is one POSIX shared-memory segment.
+
+    Worker processes are started with ``subprocess`` running a few lines of rlcollect
+    that import numpy and the env factories only, never torch, and never the caller's
+    ``__main__`` module (so scripts need no ``if __name__ == "__main__"`` guard). They
+    run with ``OMP_NUM_THREADS=1`` and the like, since an env step gains nothing from a
+    thread pool and many pools oversubscribe the cores. Programs travel with
+    cloudpickle; ``sys.path`` is passed on so factories from the caller's modules import.
+
+    :meth:`close` closes the workers' pipes, waits up to two seconds for them to exit
+    and kills the rest. A transport that is garbage-collected unclosed, or still open at
+    interpreter exit, kills its workers and unlinks its segment.
+    """
+
+    def __init__(self) -> None:
+        self._started = False
+        self._closed = False
+        self._server: _ProcessServer | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._shm_name: str | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers (empty before ``start``)."""
+        return [p.pid for p in self._procs]
+
+    @property
+    def shm_name(self) -> str | None:
+        """Name of the shared-memory segment, or None before ``start``."""
+        return self._shm_name
+
+    def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
+        if self._started:
+            raise RuntimeError("a ProcessSlotTransport serves one collector; create a new one")
+        if len(programs) != layout.num_workers:
+            raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
+        self._started = True
+        payloads = []
+        for i, program in enumerate(programs):
+            try:
+                payloads.append(cloudpickle.dumps(program))
+            except Exception as exc:
+                raise TypeError(
+                    f"worker {i}'s program cannot be pickled for a worker process: {exc}"
+                ) from exc
+
+        name = "rlc_" + secrets.token_hex(12)
+        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        try:
+            os.ftruncate(fd, layout.nbytes)
+            ring = mmap.mmap(fd, layout.nbytes)
+        except BaseException:
+            _unlink(name)
+            raise
+        finally:
+            os.close(fd)
+        self._shm_name = name
+        self._finalizer = weakref.finalize(self, _emergency_cleanup, name, self._procs)
+
+        requests_r, requests_w = os.pipe()
+        chunks_r, chunks_w = os.pipe()
+        pipes = [(os.pipe(), os.pipe(), os.pipe()) for _ in programs]
+        child_fds = [requests_w, chunks_w]
+        for responses, credits, reports in pipes:
+            child_fds += [responses[0], credits[0], reports[1]]
+            os.write(credits[1], b"\x01" * layout.slots)  # the ring starts all free
+        self._server = _ProcessServer(
+            layout,
+            ring,
+            self._procs,
+            requests_r,
+            chunks_r,
+            responses_w=[p[0][1] for p in pipes],
+            credits_w=[p[1][1] for p in pipes],
+            reports_r=[p[2][0] for p in pipes],
+        )
+        child_env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            child_env[var] = "1"
+        child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            for i, (payload, (resp, cred, rep)) in enumerate(zip(payloads, pipes, strict=True)):
+                header = _Header(i, name, layout, requests_w, chunks_w, resp[0], cred[0], rep[1])
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _CHILD],
+                    stdin=subprocess.PIPE,
+                    pass_fds=(requests_w, chunks_w, resp[0], cred[0], rep[1]),
+                    env=child_env,
+                )
+                self._procs.append(proc)
+                assert proc.stdin is not None
+                proc.stdin.write(pickle.dumps(header))
+                proc.stdin.write(payload)
+                proc.stdin.close()
+        except BaseException:
+            for fd in child_fds:
+                os.close(fd)
+            self.close()
+            raise
+        # The driver keeps only its own ends, so that a worker's exit (or all of them)
+        # shows up as end-of-file on the driver's side.
+        for fd in child_fds:
+            os.close(fd)
+        return self._server
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.abort()
+        if self._shm_name is not None:
+            _unlink(self._shm_name)
+        _stop_processes(self._procs, timeout=2.0)
+        if self._server is not None:
+            self._server.close_fds()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+
+def _stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Wait for workers to exit after their pipes closed; kill any that do not."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (stuck in the kernel); nothing more can be done
+
+
+def _emergency_cleanup(name: str, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Runs when a transport is garbage-collected or the interpreter exits unclosed."""
+    _unlink(name)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()

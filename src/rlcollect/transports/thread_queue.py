@@ -1,0 +1,187 @@
+"""Workers as threads of the driver process, messages through ``queue.SimpleQueue``.
+
+::
+
+    worker thread i ──(i, position)──▶ requests ──▶ inference thread
+    worker thread i ◀──── token ─────  responses[i] ◀─┘
+    worker thread i ──(i, slot)─────▶ chunks ──▶ consuming thread
+    worker thread i ◀──── token ─────  credits[i] ◀──┘
+
+The ring is an ordinary numpy array. Use it to debug (everything is in one process,
+so a debugger and ``print`` see the workers), and for environments whose step releases
+the GIL (native vector envs), which then run at native speed without any process
+boundary. ``None`` in a queue means "closed": it is put back after being read so that
+every later wait sees it too.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
+from rlcollect.transports.base import (
+    ServerEnd,
+    Transport,
+    WorkerEnd,
+    WorkerProgram,
+    failure_from_exception,
+)
+from rlcollect.transports.layout import RingLayout, worker_views
+
+__all__ = ["ThreadQueueTransport"]
+
+_JOIN_TIMEOUT = 2.0
+
+_Token = tuple[int, int] | None
+
+
+class _Server(ServerEnd):
+    def __init__(self, layout: RingLayout) -> None:
+        self._storage = np.zeros(layout.nbytes, dtype=np.uint8)
+        self.buffers = layout.views(self._storage)
+        self.requests: queue.SimpleQueue[_Token] = queue.SimpleQueue()
+        self.chunks: queue.SimpleQueue[_Token] = queue.SimpleQueue()
+        self.responses: list[queue.SimpleQueue[_Token]] = []
+        self.credits: list[queue.SimpleQueue[_Token]] = []
+        for _ in range(layout.num_workers):
+            self.responses.append(queue.SimpleQueue())
+            credits: queue.SimpleQueue[_Token] = queue.SimpleQueue()
+            for _ in range(layout.slots):
+                credits.put((0, 0))
+            self.credits.append(credits)
+        self.failures: list[WorkerFailure] = []
+        self.aborted = False
+
+    def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
+        return _drain(self.requests, timeout)
+
+    def respond(self, workers: Sequence[int]) -> None:
+        for w in workers:
+            self.responses[w].put((0, 0))
+
+    def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
+        self._check()
+        try:
+            out = _drain(self.chunks, timeout)
+        except ChannelClosed:
+            self._check()  # a worker's report wakes this wait with the closing token
+            raise
+        self._check()
+        return out
+
+    def _check(self) -> None:
+        if self.failures:
+            raise WorkerError.from_failure(self.failures[0])
+
+    def release(self, worker: int, slot: int) -> None:
+        self.credits[worker].put((0, 0))
+
+    def abort(self) -> None:
+        self.aborted = True
+        for q in (self.requests, self.chunks, *self.responses, *self.credits):
+            q.put(None)
+
+
+def _drain(q: queue.SimpleQueue[_Token], timeout: float) -> list[tuple[int, int]]:
+    """First item within ``timeout``, then every item already queued."""
+    try:
+        item = q.get(timeout=max(timeout, 0.0))
+    except queue.Empty:
+        return []
+    out: list[tuple[int, int]] = []
+    while True:
+        if item is None:
+            q.put(None)
+            raise ChannelClosed("transport aborted")
+        out.append(item)
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return out
+
+
+class _Worker(WorkerEnd):
+    def __init__(self, index: int, server: _Server) -> None:
+        self.index = index
+        self.buffers = worker_views(server.buffers, index)
+        self._server = server
+
+    def request(self, position: int) -> None:
+        self._server.requests.put((self.index, position))
+
+    def wait_response(self) -> None:
+        _take(self._server.responses[self.index])
+
+    def hand_over(self, slot: int) -> None:
+        self._server.chunks.put((self.index, slot))
+
+    def wait_slot(self) -> None:
+        _take(self._server.credits[self.index])
+
+    def report(self, failure: WorkerFailure) -> None:
+        self._server.failures.append(failure)
+        self._server.chunks.put(None)  # wakes the consumer, which then sees the failure
+
+
+def _take(q: queue.SimpleQueue[_Token]) -> None:
+    if q.get() is None:
+        q.put(None)
+        raise ChannelClosed("transport closed")
+
+
+def _run(program: WorkerProgram, end: _Worker) -> None:
+    try:
+        program(end)
+    except ChannelClosed:
+        return
+    except BaseException as exc:
+        end.report(failure_from_exception(end.index, exc))
+        return
+    if not end._server.aborted:
+        end.report(failure_from_exception(end.index, RuntimeError("worker program returned early")))
+
+
+class ThreadQueueTransport(Transport):
+    """Workers are daemon threads of the driver process; the ring is plain memory.
+
+    A thread cannot be killed: :meth:`close` wakes every worker and waits up to two
+    seconds for each, so an env stuck inside a native call outlives the collector as
+    an idle daemon thread. Use :class:`ProcessSlotTransport` where that matters.
+    """
+
+    def __init__(self) -> None:
+        self._server: _Server | None = None
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
+        if self._server is not None or self._closed:
+            raise RuntimeError("a ThreadQueueTransport serves one collector; create a new one")
+        if len(programs) != layout.num_workers:
+            raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
+        self._server = _Server(layout)
+        for i, program in enumerate(programs):
+            thread = threading.Thread(
+                target=_run,
+                args=(program, _Worker(i, self._server)),
+                name=f"rlcollect-worker-{i}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+        return self._server
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.abort()
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:
+                thread.join(_JOIN_TIMEOUT)
