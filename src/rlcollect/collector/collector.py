@@ -29,7 +29,12 @@ from gymnasium import spaces
 from tensordict import TensorDict
 
 from rlcollect.collector.batches import BatchBuilder
-from rlcollect.collector.worker import WorkerSpec, observation_key, run_worker
+from rlcollect.collector.worker import (
+    WorkerSpec,
+    observation_key,
+    run_worker,
+    transition_fields,
+)
 from rlcollect.errors import ChannelClosed, CollectorError
 from rlcollect.inference.policy import PolicyRunner, output_fields
 from rlcollect.inference.server import BatchingConfig, InferenceServer
@@ -169,22 +174,7 @@ class AsyncBatchedCollector:
         action_field, extra_fields = output_fields(
             _probe_policy(runner, observation_space, paths), action_space
         )
-        fields = (
-            *obs_fields,
-            *(
-                Field(observation_key(p, nxt=True), f.shape, f.dtype)
-                for p, f in zip(paths, obs_fields, strict=True)
-            ),
-            action_field,
-            *extra_fields,
-            Field(("policy_version",), (), np.dtype(np.int64)),
-            Field(("env_index",), (), np.dtype(np.int64)),
-            Field(("episode",), (), np.dtype(np.int64)),
-            Field(("step",), (), np.dtype(np.int64)),
-            Field(("next", "reward"), (), np.dtype(np.float32)),
-            Field(("next", "terminated"), (), np.dtype(np.bool_)),
-            Field(("next", "truncated"), (), np.dtype(np.bool_)),
-        )
+        fields = transition_fields(obs_fields, action_field, extra_fields)
         num_workers = num_envs // envs_per_worker
         layout = RingLayout(fields, num_workers, envs_per_worker, chunk_steps, _SLOTS)
         programs = [
@@ -212,6 +202,8 @@ class AsyncBatchedCollector:
         self.policy_device = device
         self.observation_space = observation_space
         self.action_space = action_space
+        #: The transport in use (kept after shutdown, for its diagnostics).
+        self.transport: Transport = transport_obj
         self._replay_buffer = replay_buffer
         self._layout = layout
         self._frames = 0

@@ -22,9 +22,9 @@ import numpy as np
 
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
-from rlcollect.transports.layout import Key
+from rlcollect.transports.layout import Field, Key
 
-__all__ = ["WorkerSpec", "observation_key", "run_worker"]
+__all__ = ["WorkerSpec", "observation_key", "run_worker", "transition_fields"]
 
 Path = tuple[str, ...]
 
@@ -32,6 +32,29 @@ Path = tuple[str, ...]
 def observation_key(path: Path, *, nxt: bool = False) -> Key:
     """Ring key of the observation leaf at ``path`` (``()`` for a non-dict observation)."""
     return (("next", "observation") if nxt else ("observation",)) + path
+
+
+def transition_fields(
+    observations: tuple[Field, ...], action: Field, extras: tuple[Field, ...] = ()
+) -> tuple[Field, ...]:
+    """Every ring field of a transition, given the observation leaves and policy outputs.
+
+    ``observations`` are keyed ``("observation", *path)``; their ``("next", ...)``
+    twins, the bookkeeping fields and the step results are added here.
+    """
+    return (
+        *observations,
+        *(Field(("next", *f.key), f.shape, f.dtype) for f in observations),
+        action,
+        *extras,
+        Field(("policy_version",), (), np.dtype(np.int64)),
+        Field(("env_index",), (), np.dtype(np.int64)),
+        Field(("episode",), (), np.dtype(np.int64)),
+        Field(("step",), (), np.dtype(np.int64)),
+        Field(("next", "reward"), (), np.dtype(np.float32)),
+        Field(("next", "terminated"), (), np.dtype(np.bool_)),
+        Field(("next", "truncated"), (), np.dtype(np.bool_)),
+    )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ Each pass of its loop is four named, timed phases::
 A request holds the observations of all ``envs_per_worker`` envs of one worker, so a
 batch is a whole number of requests: at most ``max_batch_size`` rows, and never less
 than one request.
+
+The first batch waits for the first request of every worker: workers start at
+different speeds (process start, env construction), and serving the early ones alone
+would fill the first batches with a few envs' data.
 """
 
 from __future__ import annotations
@@ -166,7 +170,8 @@ class InferenceServer:
 
     def _loop(self) -> None:
         pending: deque[tuple[int, int]] = deque()
-        oldest = 0.0
+        self._await_first_requests(pending)
+        oldest = time.perf_counter()
         min_rows = self._batching.min_batch_size
         timeout = self._batching.batch_timeout
         clock = time.perf_counter_ns
@@ -196,6 +201,13 @@ class InferenceServer:
             if pending:
                 oldest = time.perf_counter()
             self._serve(batch)
+
+    def _await_first_requests(self, pending: deque[tuple[int, int]]) -> None:
+        missing = set(range(self._version_field.shape[0]))
+        while missing and not self._stop.is_set():
+            new = self._end.wait_requests(_IDLE_WAIT)
+            pending.extend(new)
+            missing.difference_update(w for w, _ in new)
 
     def _serve(self, batch: list[tuple[int, int]]) -> None:
         clock = time.perf_counter_ns

@@ -165,7 +165,10 @@ def _worker_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin = sys.stdin.buffer
     header: _Header = pickle.load(stdin)
-    ring = _attach(header.shm_name, header.layout.nbytes)
+    try:
+        ring = _attach(header.shm_name, header.layout.nbytes)
+    except FileNotFoundError:
+        return  # the driver closed (and unlinked) before this worker got going
     end = _ProcessWorker(header, ring)
     try:
         program: WorkerProgram = pickle.load(stdin)
@@ -373,6 +376,11 @@ class ProcessSlotTransport(Transport):
     def pids(self) -> list[int]:
         """Process ids of the workers (empty before ``start``)."""
         return [p.pid for p in self._procs]
+
+    @property
+    def exit_codes(self) -> list[int | None]:
+        """Each worker's exit code (negative: killed by that signal), None while running."""
+        return [p.poll() for p in self._procs]
 
     @property
     def shm_name(self) -> str | None:

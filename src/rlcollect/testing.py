@@ -1,0 +1,347 @@
+"""Tools to test collectors and transports: an env that tells on itself, and a suite.
+
+:class:`CountingEnv` writes its id, episode and step (and the last action it received)
+into its observation, so a test can check routing, order, gaps and episode ends row by
+row. :func:`check_transport` runs the transport conformance suite against any
+:class:`~rlcollect.transports.Transport` subclass, driving it with real worker loops
+over ``CountingEnv`` and a numpy stand-in for the inference server::
+
+    from rlcollect.testing import check_transport
+    check_transport(MyTransport)          # raises AssertionError naming the failed check
+
+This module imports no torch: ``CountingEnv`` runs inside worker processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from rlcollect.collector.worker import WorkerSpec, run_worker, transition_fields
+from rlcollect.errors import ChannelClosed, WorkerError
+from rlcollect.transports.base import ServerEnd, Transport
+from rlcollect.transports.layout import Field, RingLayout
+
+__all__ = [
+    "CHECKS",
+    "CountingEnv",
+    "check_transport",
+    "counting_actions",
+    "counting_layout",
+    "counting_programs",
+    "episode_length",
+]
+
+#: Columns of a CountingEnv observation.
+ENV_ID, EPISODE, STEP, LAST_ACTION = 0, 1, 2, 3
+
+
+def episode_length(env_id: int, episode: int) -> int:
+    """Steps in episode ``episode`` of CountingEnv ``env_id``: 3 to 9, varying."""
+    return 3 + (env_id * 5 + episode * 3) % 7
+
+
+def counting_actions(obs: np.ndarray, num_actions: int = 5) -> np.ndarray:
+    """The deterministic policy the tests use: a function of an observation's own row."""
+    o = np.asarray(obs, dtype=np.int64)
+    out: np.ndarray = (o[..., ENV_ID] * 7 + o[..., EPISODE] * 3 + o[..., STEP]) % num_actions
+    return out
+
+
+class CountingEnv(gym.Env[np.ndarray, np.int64]):  # type: ignore[misc]
+    """Observation ``[env_id, episode, step, last_action]`` (int64); Discrete actions.
+
+    Episode ``e`` of env ``i`` lasts :func:`episode_length` steps and ends terminated
+    when ``e`` is even, truncated when odd. The reward of a step is ``step + 1``.
+    ``fail_at`` ``(episode, step)`` makes ``step`` raise there; ``fail_in_reset`` makes
+    the reset that would start that episode raise instead.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self,
+        env_id: int,
+        *,
+        num_actions: int = 5,
+        fail_at: tuple[int, int] | None = None,
+        fail_in_reset: bool = False,
+    ) -> None:
+        self.env_id = env_id
+        self.observation_space = gym.spaces.Box(0, 1 << 40, shape=(4,), dtype=np.int64)
+        self.action_space = gym.spaces.Discrete(num_actions)
+        self._fail_at = fail_at
+        self._fail_in_reset = fail_in_reset
+        self.episode = -1
+        self.t = 0
+        self.last_action = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.env_id, self.episode, self.t, self.last_action], dtype=np.int64)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        self.last_action = 0
+        if self._fail_in_reset and self._fail_at is not None and self.episode == self._fail_at[0]:
+            raise RuntimeError(f"CountingEnv {self.env_id} failed on purpose in reset")
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if not self.action_space.contains(action):
+            raise ValueError(f"CountingEnv {self.env_id} got invalid action {action!r}")
+        if not self._fail_in_reset and self._fail_at == (self.episode, self.t):
+            raise RuntimeError(f"CountingEnv {self.env_id} failed on purpose in step")
+        reward = float(self.t + 1)
+        self.t += 1
+        self.last_action = int(action)
+        end = self.t >= episode_length(self.env_id, self.episode)
+        terminated = end and self.episode % 2 == 0
+        truncated = end and self.episode % 2 == 1
+        return self._obs(), reward, terminated, truncated, {}
+
+
+# ---------------------------------------------------------------------------- the suite
+
+_ACTIONS = 5
+_DEADLINE = 10.0  # seconds any single step of a check may take before it counts as a hang
+
+
+def counting_layout(
+    num_workers: int, envs_per_worker: int, chunk_steps: int, slots: int
+) -> RingLayout:
+    """A ring for CountingEnv workers (observation, action and the bookkeeping fields)."""
+    obs = Field(("observation",), (4,), np.dtype(np.int64))
+    action = Field(("action",), (), np.dtype(np.int64))
+    fields = transition_fields((obs,), action)
+    return RingLayout(fields, num_workers, envs_per_worker, chunk_steps, slots)
+
+
+def counting_programs(
+    layout: RingLayout, fail: dict[int, tuple[int, int]] | None = None
+) -> list[Any]:
+    """Worker programs running CountingEnvs; ``fail`` maps env index to ``fail_at``."""
+    fail = fail or {}
+    programs = []
+    k = layout.envs_per_worker
+    for w in range(layout.num_workers):
+        fns = tuple(
+            functools.partial(
+                CountingEnv, w * k + j, num_actions=_ACTIONS, fail_at=fail.get(w * k + j)
+            )
+            for j in range(k)
+        )
+        spec = WorkerSpec(
+            env_fns=fns,
+            env_offset=w * k,
+            seed=0,
+            chunk_steps=layout.chunk_steps,
+            slots=layout.slots,
+            observation_space=gym.spaces.Box(0, 1 << 40, shape=(4,), dtype=np.int64),
+            action_space=gym.spaces.Discrete(_ACTIONS),
+            observation_paths=((),),
+            discrete_actions=True,
+        )
+        programs.append(functools.partial(run_worker, spec=spec))
+    return programs
+
+
+class _Responder:
+    """A numpy stand-in for the inference server, in a thread."""
+
+    def __init__(self, end: ServerEnd) -> None:
+        self.end = end
+        self.served = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        obs = self.end.buffers[("observation",)]
+        action = self.end.buffers[("action",)]
+        try:
+            while not self._stop.is_set():
+                requests = self.end.wait_requests(0.05)
+                for w, p in requests:
+                    action[w, p] = counting_actions(obs[w, p], _ACTIONS)
+                self.end.respond([w for w, _ in requests])
+                self.served += len(requests)
+        except ChannelClosed:
+            pass
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(_DEADLINE)
+        assert not self._thread.is_alive(), "wait_requests ignored its timeout"
+        if self.error is not None:
+            raise AssertionError(f"the server end failed: {self.error!r}") from self.error
+
+
+_Chunk = tuple[int, int, dict[str, np.ndarray]]
+
+
+def _collect(end: ServerEnd, layout: RingLayout, want: int, release: bool = True) -> list[_Chunk]:
+    """Take ``want`` chunks (copies of their rows), releasing each unless told not to."""
+    out: list[_Chunk] = []
+    deadline = time.monotonic() + _DEADLINE
+    while len(out) < want:
+        assert time.monotonic() < deadline, f"only {len(out)} of {want} chunks arrived in time"
+        for w, s in end.wait_chunks(0.1):
+            out.append((w, s, _chunk_rows(end, layout, w, s)))
+            if release:
+                end.release(w, s)
+    return out
+
+
+def _chunk_rows(end: ServerEnd, layout: RingLayout, w: int, s: int) -> dict[str, np.ndarray]:
+    sl = slice(s * layout.chunk_steps, (s + 1) * layout.chunk_steps)
+    return {
+        "/".join(key): np.array(arr[w, sl]).reshape(-1, *arr.shape[3:])
+        for key, arr in end.buffers.items()
+    }
+
+
+def check_round_trip(make_transport: Callable[[], Transport]) -> None:
+    """Chunks arrive in slot order per worker; every env's stream is whole and routed."""
+    layout = counting_layout(num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
+    transport = make_transport()
+    end = transport.start(layout, counting_programs(layout))
+    responder = _Responder(end)
+    try:
+        chunks = _collect(end, layout, want=30)
+    finally:
+        transport.close()
+        responder.stop()
+    next_slot = [0] * layout.num_workers
+    streams: dict[int, list[np.ndarray]] = {}
+    for w, s, rows in chunks:
+        assert s == next_slot[w], f"worker {w} handed over slot {s}, expected {next_slot[w]}"
+        next_slot[w] = (s + 1) % layout.slots
+        obs, nxt = rows["observation"], rows["next/observation"]
+        assert (obs[:, ENV_ID] // layout.envs_per_worker == w).all(), "rows from another worker"
+        assert (rows["env_index"] == obs[:, ENV_ID]).all(), "env_index does not match the env"
+        assert (rows["action"] == counting_actions(obs, _ACTIONS)).all(), "action misrouted"
+        assert (nxt[:, LAST_ACTION] == rows["action"]).all(), "env received another action"
+        for i in np.unique(obs[:, ENV_ID]):
+            streams.setdefault(int(i), []).append(obs[obs[:, ENV_ID] == i])
+    for i, parts in streams.items():
+        seq = np.concatenate(parts)
+        for a, b in itertools.pairwise(seq):
+            same = a[EPISODE] == b[EPISODE] and b[STEP] == a[STEP] + 1
+            new = b[EPISODE] == a[EPISODE] + 1 and b[STEP] == 0
+            assert same or new, f"env {i} stream jumps from {a.tolist()} to {b.tolist()}"
+
+
+def check_backpressure(make_transport: Callable[[], Transport]) -> None:
+    """A worker stops after filling every slot, and resumes once per released slot."""
+    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=3, slots=2)
+    transport = make_transport()
+    end = transport.start(layout, counting_programs(layout))
+    responder = _Responder(end)
+    try:
+        held = _collect(end, layout, want=4, release=False)
+        assert sorted(w for w, _, _ in held) == [0, 0, 1, 1]
+        extra = end.wait_chunks(0.5)
+        assert extra == [], f"chunks {extra} arrived while every slot was held"
+        end.release(0, 0)
+        more = _collect(end, layout, want=1, release=False)
+        assert more[0][:2] == (0, 0), f"after releasing (0, 0) got chunk {more[0][:2]}"
+    finally:
+        transport.close()
+        responder.stop()
+
+
+def check_worker_error(make_transport: Callable[[], Transport]) -> None:
+    """An env raising reaches wait_chunks as a WorkerError naming the env."""
+    layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=2, slots=2)
+    transport = make_transport()
+    end = transport.start(layout, counting_programs(layout, fail={3: (1, 2)}))
+    responder = _Responder(end)
+    deadline = time.monotonic() + _DEADLINE
+    try:
+        while True:
+            assert time.monotonic() < deadline, "the env's exception never reached the driver"
+            try:
+                for w, s in end.wait_chunks(0.1):
+                    end.release(w, s)
+            except WorkerError as err:
+                assert err.env_index == 3 and err.worker_index == 1, str(err)
+                assert "failed on purpose in step" in str(err), str(err)
+                assert "Traceback" in str(err.__cause__), "the remote traceback is missing"
+                break
+    finally:
+        transport.close()
+        responder.stop()
+
+
+def check_abort(make_transport: Callable[[], Transport]) -> None:
+    """abort() ends both driver waits promptly, and close() twice is harmless."""
+    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
+    transport = make_transport()
+    end = transport.start(layout, counting_programs(layout))
+    try:
+        assert end.wait_chunks(0.05) == [], "a chunk arrived with no server answering"
+        end.abort()
+        for wait in (end.wait_requests, end.wait_chunks):
+            t0 = time.monotonic()
+            try:
+                wait(_DEADLINE)
+            except ChannelClosed:
+                pass
+            else:
+                raise AssertionError(f"{wait.__name__} returned after abort()")
+            assert time.monotonic() - t0 < _DEADLINE / 2, f"{wait.__name__} waited out its timeout"
+    finally:
+        transport.close()
+        transport.close()
+
+
+def check_close_unblocks_workers(make_transport: Callable[[], Transport]) -> None:
+    """close() ends workers blocked on a response and on a full ring, and returns."""
+    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=1)
+    transport = make_transport()
+    end = transport.start(layout, counting_programs(layout))
+    # Worker 0 ends up waiting for a free slot; worker 1 waits for a response.
+    deadline = time.monotonic() + _DEADLINE
+    got: list[tuple[int, int]] = []
+    while not got:
+        assert time.monotonic() < deadline, "no request arrived"
+        for w, p in end.wait_requests(0.1):
+            if w == 0:
+                end.buffers[("action",)][w, p] = 0
+                end.respond([w])
+        got = end.wait_chunks(0.05)
+    t0 = time.monotonic()
+    transport.close()
+    assert time.monotonic() - t0 < _DEADLINE, "close() did not return"
+
+
+CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
+    "round_trip": check_round_trip,
+    "backpressure": check_backpressure,
+    "worker_error": check_worker_error,
+    "abort": check_abort,
+    "close_unblocks_workers": check_close_unblocks_workers,
+}
+
+
+def check_transport(make_transport: Callable[[], Transport]) -> None:
+    """Run every check of the conformance suite on transports from ``make_transport``."""
+    for name, check in CHECKS.items():
+        try:
+            check(make_transport)
+        except AssertionError as exc:
+            raise AssertionError(f"transport check {name!r} failed: {exc}") from exc

@@ -1,0 +1,423 @@
+"""The invariants of DESIGN.md section 2, on every transport, with real gymnasium envs."""
+
+import functools
+import gc
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from envs import DictObsEnv, StepCounter, TorchProbeEnv, cartpole
+from helpers import (
+    CountingPolicy,
+    check_counting_streams,
+    collect,
+    counting_envs,
+    process_gone,
+    shm_exists,
+    streams,
+    wait_until,
+)
+from tensordict.nn import TensorDictModule
+
+from rlcollect import AsyncBatchedCollector, CollectorError, InferenceError, WorkerError
+from rlcollect.testing import CountingEnv
+
+
+def make(transport, n=4, policy=None, **kwargs):
+    kwargs.setdefault("frames_per_batch", 32)
+    kwargs.setdefault("total_frames", 320)
+    return AsyncBatchedCollector(
+        counting_envs(n),
+        policy or CountingPolicy(),
+        transport=transport,
+        policy_device="cpu",
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------ budgets and keys
+
+
+def test_batches_are_exact_and_total_is_exact(transport):
+    with make(transport, frames_per_batch=37, total_frames=500) as c:
+        sizes = [b.batch_size[0] for b in c]
+    assert sizes == [37] * 13 + [500 - 37 * 13]
+
+
+def test_batch_keys_shapes_and_dtypes(transport):
+    with make(transport, total_frames=64) as c:
+        batch = next(iter(c))
+    keys = set(batch.keys(include_nested=True, leaves_only=True))
+    assert keys == {
+        "observation",
+        "action",
+        "value",
+        "policy_version",
+        "env_index",
+        "episode",
+        "step",
+        ("next", "observation"),
+        ("next", "reward"),
+        ("next", "terminated"),
+        ("next", "truncated"),
+        ("next", "done"),
+    }
+    assert batch["observation"].shape == (32, 4) and batch["observation"].dtype == torch.int64
+    assert batch["action"].dtype == torch.int64 and batch["action"].shape == (32,)
+    assert batch[("next", "reward")].dtype == torch.float32
+    for key in ("terminated", "truncated", "done"):
+        assert batch[("next", key)].dtype == torch.bool
+    for key in ("policy_version", "env_index", "episode", "step"):
+        assert batch[key].dtype == torch.int64
+
+
+def test_endless_collection_until_shutdown(transport):
+    c = make(transport, total_frames=-1, frames_per_batch=16)
+    got = []
+    for batch in c:
+        got.append(batch.batch_size[0])
+        if len(got) == 5:
+            break
+    c.shutdown()
+    assert got == [16] * 5
+    with pytest.raises(CollectorError, match="shut down"):
+        next(c)
+
+
+def test_iteration_resumes_after_break(transport):
+    with make(transport, total_frames=96) as c:
+        first = next(iter(c))
+        rest = list(c)
+    assert [b.batch_size[0] for b in [first, *rest]] == [32, 32, 32]
+
+
+# ------------------------------------------------------------------ routing and streams
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"envs_per_worker": 1, "transition_chunk_size": 1},
+        {"envs_per_worker": 2, "transition_chunk_size": 8},
+        {"envs_per_worker": 3, "transition_chunk_size": "auto", "max_batch_size": 3},
+        {
+            "envs_per_worker": 1,
+            "transition_chunk_size": 5,
+            "min_batch_size": 6,
+            "batch_timeout": 0.5,
+        },
+    ],
+    ids=["chunk1", "k2-chunk8", "k3-auto-max3", "chunk5-min6"],
+)
+def test_routing_and_per_env_streams(transport, options):
+    with make(transport, n=6, frames_per_batch=50, total_frames=1500, **options) as c:
+        data = collect(c)
+    assert data.batch_size[0] == 1500
+    check_counting_streams(data)
+
+
+def test_server_batches_respect_min_and_max(transport):
+    with make(transport, n=4, min_batch_size=4, batch_timeout=5.0, total_frames=200) as c:
+        list(c)
+        sizes = c.stats()["server"]["batch_sizes"]
+    assert set(sizes) == {4}, sizes
+    with make(
+        transport, n=4, min_batch_size=2, max_batch_size=2, batch_timeout=5.0, total_frames=200
+    ) as c:
+        list(c)
+        sizes = c.stats()["server"]["batch_sizes"]
+    assert set(sizes) == {2}, sizes
+
+
+class CartPolePolicy(torch.nn.Module):
+    """Deterministic and exact (a comparison), so batch composition cannot change it."""
+
+    def forward(self, obs):
+        return (obs[:, 2] + 0.1 * obs[:, 3] > 0).long()
+
+
+def cartpole_streams(**kwargs):
+    with AsyncBatchedCollector(
+        [cartpole] * 4, CartPolePolicy(), policy_device="cpu", seed=123, **kwargs
+    ) as c:
+        return streams(collect(c))
+
+
+def test_reproducible_across_transports_chunks_and_batches():
+    runs = [
+        cartpole_streams(
+            transport="thread",
+            frames_per_batch=16,
+            total_frames=2000,
+            transition_chunk_size=1,
+            max_batch_size=1,
+        ),
+        cartpole_streams(transport="process_slots", frames_per_batch=64, total_frames=2000),
+        cartpole_streams(
+            transport="process_slots",
+            frames_per_batch=40,
+            total_frames=2000,
+            envs_per_worker=2,
+            transition_chunk_size=6,
+            min_batch_size=4,
+        ),
+    ]
+    for i in range(4):
+        n = min(len(run[i]) for run in runs)
+        assert n > 50
+        ref = runs[0][i][:n]
+        for run in runs[1:]:
+            other = run[i][:n]
+            for key in (
+                "observation",
+                ("next", "observation"),
+                "action",
+                ("next", "reward"),
+                ("next", "done"),
+                "episode",
+                "step",
+            ):
+                assert torch.equal(ref[key], other[key]), f"env {i} differs in {key}"
+    # and the seed matters: envs differ from each other
+    assert not torch.equal(runs[0][0]["observation"][:5], runs[0][1]["observation"][:5])
+
+
+# ------------------------------------------------------------------ weights and versions
+
+
+class ConstantPolicy(torch.nn.Module):
+    def __init__(self, value):
+        super().__init__()
+        self.value = torch.nn.Parameter(torch.tensor(float(value)))
+
+    def forward(self, obs):
+        return self.value.expand(obs.shape[0]).round().long()
+
+
+def test_weight_updates_are_versioned(transport):
+    policy = ConstantPolicy(1)
+    with make(transport, policy=policy, frames_per_batch=40, total_frames=-1) as c:
+        assert c.policy_version == 0
+        first = next(c)
+        with torch.no_grad():
+            policy.value.fill_(3)
+        assert c.update_policy_weights_(policy) == 1
+        later = [next(c) for _ in range(20)]
+    data = torch.cat([first, *later])
+    version = data["policy_version"]
+    assert set(version.unique().tolist()) == {0, 1}
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 3))
+    # per env, versions never go back
+    for rows in streams(data).values():
+        assert bool((rows["policy_version"].diff() >= 0).all())
+
+
+def test_update_weights_rejects_mismatched_weights(transport):
+    with make(transport) as c:
+        with pytest.raises(KeyError, match="missing"):
+            c.update_policy_weights_({"nope": torch.zeros(1)})
+        with pytest.raises(ValueError, match="shape"):
+            c.update_policy_weights_({"scale": torch.zeros(3)})
+        assert c.policy_version == 0
+
+
+# ------------------------------------------------------------------ other conventions
+
+
+def test_dict_observations_and_box_actions_with_a_tensordict_module(transport):
+    module = TensorDictModule(
+        lambda pos, cells: (pos * 0.1, cells.float().mean((1, 2))),
+        in_keys=[("observation", "pos"), ("observation", "grid", "cells")],
+        out_keys=["action", "cell_mean"],
+    )
+    with AsyncBatchedCollector(
+        [functools.partial(DictObsEnv, i) for i in range(3)],
+        module,
+        frames_per_batch=30,
+        total_frames=90,
+        transport=transport,
+        policy_device="cpu",
+    ) as c:
+        data = collect(c)
+    assert data["observation", "grid", "cells"].dtype == torch.uint8
+    assert data["action"].dtype == torch.float32 and data["action"].shape == (90, 2)
+    assert torch.allclose(data["action"], data["observation", "pos"] * 0.1)
+    assert torch.equal(data["cell_mean"], data["env_index"].float())
+    assert torch.equal(data["next", "observation", "pos"][:, 0], data["env_index"].float())
+
+
+# ------------------------------------------------------------------ failures
+
+
+def test_env_error_in_step_reaches_the_caller(transport):
+    fns = counting_envs(4)
+    fns[2] = functools.partial(CountingEnv, 2, fail_at=(1, 2))
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        total_frames=-1,
+        transport=transport,
+        policy_device="cpu",
+    )
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=r"env 2 .* failed on purpose in step") as info:
+        for _ in c:
+            assert time.monotonic() - t0 < 10, "the error never arrived"
+    assert info.value.env_index == 2
+    assert "CountingEnv.step" in str(info.value.__cause__) or "in step" in str(info.value.__cause__)
+    assert "Traceback" in str(info.value.__cause__)
+    check_clean(c)
+
+
+def test_env_error_in_reset_reaches_the_caller(transport):
+    fns = counting_envs(2)
+    fns[1] = functools.partial(CountingEnv, 1, fail_at=(2, 0), fail_in_reset=True)
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        total_frames=-1,
+        transport=transport,
+        policy_device="cpu",
+    )
+    with pytest.raises(WorkerError, match=r"env 1 .* in reset") as info:
+        for _ in c:
+            pass
+    assert info.value.env_index == 1
+    check_clean(c)
+
+
+class FailingPolicy(torch.nn.Module):
+    def __init__(self, fail_on_call):
+        super().__init__()
+        self.calls = 0
+        self.fail_on_call = fail_on_call
+
+    def forward(self, obs):
+        self.calls += 1
+        if self.calls == self.fail_on_call:
+            raise RuntimeError("policy failed on purpose")
+        return torch.zeros(obs.shape[0], dtype=torch.long)
+
+
+def test_policy_error_reaches_the_caller(transport):
+    c = make(transport, policy=FailingPolicy(fail_on_call=20), total_frames=-1, frames_per_batch=4)
+    with pytest.raises(InferenceError, match="policy failed on purpose") as info:
+        for _ in c:
+            pass
+    assert isinstance(info.value.__cause__, RuntimeError)
+    check_clean(c)
+
+
+def test_policy_error_unblocks_workers_without_a_consumer():
+    c = make("process_slots", policy=FailingPolicy(fail_on_call=2), total_frames=-1)
+    # nobody iterates: the server's failure alone must end every worker
+    wait_until(
+        lambda: all(code is not None for code in c.transport.exit_codes),
+        what="workers to exit after the policy failed",
+    )
+    with pytest.raises(InferenceError):
+        next(c)
+    c.shutdown()
+
+
+def check_clean(c):
+    t = c.transport
+    if hasattr(t, "pids"):
+        wait_until(lambda: all(process_gone(p) for p in t.pids), what="worker processes")
+        assert not shm_exists(t.shm_name)
+    else:
+        assert not any(
+            th.name.startswith("rlcollect-worker")
+            for th in threading.enumerate()
+            if th.is_alive() and th in t._threads
+        )
+
+
+def test_shutdown_is_idempotent_and_leaves_nothing(transport):
+    c = make(transport, total_frames=-1)
+    next(c)
+    c.shutdown()
+    c.shutdown()
+    check_clean(c)
+
+
+def test_budget_end_shuts_down_by_itself(transport):
+    c = make(transport, total_frames=64)
+    assert len(list(c)) == 2
+    check_clean(c)
+    with pytest.raises(StopIteration):
+        next(c)
+
+
+def test_garbage_collection_cleans_up():
+    c = make("process_slots", total_frames=-1)
+    next(c)
+    t = c.transport
+    del c
+    gc.collect()
+    wait_until(lambda: all(process_gone(p) for p in t.pids), what="worker processes")
+    assert not shm_exists(t.shm_name)
+
+
+def test_error_inside_the_with_block_cleans_up():
+    with pytest.raises(ZeroDivisionError), make("process_slots", total_frames=-1) as c:
+        next(c)
+        1 / 0  # noqa: B018
+    check_clean(c)
+
+
+# ------------------------------------------------------------------ workers and memory
+
+
+def test_worker_processes_do_not_import_torch():
+    fns = [functools.partial(TorchProbeEnv, i) for i in range(2)]
+    with AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        total_frames=16,
+        transport="process_slots",
+        policy_device="cpu",
+    ) as c:
+        data = collect(c)
+    assert "torch" in sys.modules  # the driver has it ...
+    assert bool((data["observation"][:, 3] < 1000).all())  # ... the workers do not
+
+
+def test_in_flight_transitions_are_bounded_for_a_slow_consumer():
+    StepCounter.steps = 0
+    fns = [functools.partial(StepCounter, i) for i in range(4)]
+    with AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=16,
+        total_frames=-1,
+        transport="thread",
+        transition_chunk_size=4,
+        policy_device="cpu",
+    ) as c:
+        ring = 4 * 2 * 4  # envs * slots * steps per chunk
+        taken = 0
+        for _ in range(3):
+            taken += next(c).batch_size[0]
+            threading.Event().wait(0.3)  # a slow learner: the workers get time to run ahead
+            # at most: what was delivered, a batch being built, the whole ring, one step/env
+            assert StepCounter.steps <= taken + 16 + ring + 4, StepCounter.steps
+
+
+def test_replay_buffer_receives_every_batch(transport):
+    class ListBuffer:
+        def __init__(self):
+            self.parts = []
+
+        def extend(self, td):
+            self.parts.append(td)
+
+    rb = ListBuffer()
+    with make(transport, replay_buffer=rb, total_frames=100) as c:
+        yielded = collect(c)
+    assert torch.equal(torch.cat(rb.parts)["observation"], yielded["observation"])

@@ -1,0 +1,54 @@
+"""Test envs. This module imports no torch, so worker processes can unpickle them."""
+
+import sys
+
+import gymnasium as gym
+import numpy as np
+
+from rlcollect.testing import CountingEnv
+
+
+def cartpole():
+    return gym.make("CartPole-v1")
+
+
+class TorchProbeEnv(CountingEnv):
+    """Reports in its observation whether torch is imported in its process."""
+
+    def _obs(self):
+        obs = super()._obs()
+        obs[3] = int("torch" in sys.modules) * 1000 + (self.last_action if self.t else 0)
+        return obs
+
+
+class StepCounter(CountingEnv):
+    steps = 0  # thread transport: every env lives in the test's process
+
+    def step(self, action):
+        type(self).steps += 1
+        return super().step(action)
+
+
+class DictObsEnv(gym.Env):
+    def __init__(self, env_id):
+        self.env_id = env_id
+        self.observation_space = gym.spaces.Dict(
+            {
+                "pos": gym.spaces.Box(-10, 10, (2,), np.float32),
+                "grid": gym.spaces.Dict({"cells": gym.spaces.Box(0, 255, (3, 4), np.uint8)}),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.t = 0
+
+    def _obs(self):
+        cells = np.full((3, 4), self.env_id, np.uint8)
+        return {"pos": np.array([self.env_id, self.t], np.float32), "grid": {"cells": cells}}
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action.sum()), False, self.t >= 7, {}

@@ -1,0 +1,106 @@
+"""Policies, env factories and stream checks shared by the tests."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rlcollect.testing import EPISODE, LAST_ACTION, STEP, CountingEnv, episode_length
+
+
+class CountingPolicy(torch.nn.Module):
+    """Deterministic: the action is a function of the row's own observation."""
+
+    def __init__(self, num_actions: int = 5) -> None:
+        super().__init__()
+        self.num_actions = num_actions
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        action = (obs[:, 0] * 7 + obs[:, 1] * 3 + obs[:, 2]) % self.num_actions
+        return {"action": action, "value": obs[:, 2].float() * self.scale}
+
+
+def counting_envs(n: int, **kwargs: Any) -> list[Callable[[], CountingEnv]]:
+    return [functools.partial(CountingEnv, i, **kwargs) for i in range(n)]
+
+
+def collect(collector: Iterable[TensorDict]) -> TensorDict:
+    return torch.cat(list(collector))
+
+
+def streams(data: TensorDict) -> dict[int, TensorDict]:
+    """Rows of each env, in (episode, step) order."""
+    out = {}
+    env = data["env_index"]
+    for i in env.unique().tolist():
+        rows = data[env == i]
+        order = np.lexsort((rows["step"].numpy(), rows["episode"].numpy()))
+        out[i] = rows[torch.from_numpy(order)]
+    return out
+
+
+def check_counting_streams(data: TensorDict, num_actions: int = 5) -> None:
+    """Invariants 1 and 2 on CountingEnv data, plus terminal/truncated semantics."""
+    obs, nxt = data["observation"], data[("next", "observation")]
+    expected_action = (obs[:, 0] * 7 + obs[:, 1] * 3 + obs[:, 2]) % num_actions
+    assert torch.equal(data["action"], expected_action), "an action came from another obs"
+    assert torch.equal(nxt[:, LAST_ACTION], data["action"]), "an env received another action"
+    assert torch.equal(data["env_index"], obs[:, 0])
+    assert torch.equal(data["episode"], obs[:, EPISODE])
+    assert torch.equal(data["step"], obs[:, STEP])
+    assert torch.equal(data[("next", "reward")], (obs[:, STEP] + 1).float())
+    for i, rows in streams(data).items():
+        ep, st = rows["episode"], rows["step"]
+        # contiguous from the very first step, no gap, no duplicate
+        assert ep[0] == 0 and st[0] == 0, f"env {i} starts at {ep[0]}/{st[0]}"
+        lengths = torch.tensor([episode_length(i, int(e)) for e in ep])
+        last = st + 1 == lengths
+        follows = torch.where(
+            last[:-1],
+            (ep[1:] == ep[:-1] + 1) & (st[1:] == 0),
+            (ep[1:] == ep[:-1]) & (st[1:] == st[:-1] + 1),
+        )
+        assert bool(follows.all()), f"env {i} stream has a gap or duplicate"
+        term, trunc = rows[("next", "terminated")], rows[("next", "truncated")]
+        assert torch.equal(term, last & (ep % 2 == 0)), f"env {i}: terminated is wrong"
+        assert torch.equal(trunc, last & (ep % 2 == 1)), f"env {i}: truncated is wrong"
+        assert torch.equal(rows[("next", "done")], term | trunc)
+        o, n = rows["observation"], rows[("next", "observation")]
+        # within an episode next.observation is the following observation ...
+        inner = ~last[:-1]
+        assert torch.equal(n[:-1][inner][:, :3], o[1:][inner][:, :3])
+        # ... and at its end the true final one (same episode, one step on), never a reset
+        assert torch.equal(n[last][:, EPISODE], o[last][:, EPISODE])
+        assert torch.equal(n[last][:, STEP], o[last][:, STEP] + 1)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
+        time.sleep(0.02)
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return "Z" in line.split()[1]
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def shm_exists(name: str) -> bool:
+    return os.path.exists(f"/dev/shm/{name}")

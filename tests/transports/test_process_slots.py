@@ -1,0 +1,87 @@
+"""What only the process transport promises: real processes, real shared memory, cleanup."""
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import process_gone, shm_exists, wait_until
+
+from rlcollect.errors import WorkerError
+from rlcollect.testing import counting_layout, counting_programs
+from rlcollect.transports import ProcessSlotTransport
+
+
+def start(num_workers=2):
+    t = ProcessSlotTransport()
+    layout = counting_layout(num_workers, 1, 2, 2)
+    end = t.start(layout, counting_programs(layout))
+    return t, end
+
+
+def test_segment_is_owner_only_and_gone_after_close():
+    t, _ = start()
+    try:
+        mode = os.stat(f"/dev/shm/{t.shm_name}").st_mode
+        assert stat.S_IMODE(mode) == 0o600
+        assert len(t.shm_name) >= 24  # random, unguessable
+    finally:
+        t.close()
+    assert not shm_exists(t.shm_name)
+    assert all(code is not None for code in t.exit_codes)
+    t.close()  # idempotent
+
+
+def test_worker_killed_with_sigkill_is_reported():
+    t, end = start()
+    try:
+        os.kill(t.pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"worker 1 .* killed by SIGKILL") as info:
+            while time.monotonic() - t0 < 10:
+                end.wait_chunks(0.1)
+        assert info.value.worker_index == 1
+    finally:
+        t.close()
+
+
+def test_garbage_collected_transport_cleans_up():
+    t, _ = start()
+    name, pids = t.shm_name, t.pids
+    del t, _
+    import gc
+
+    gc.collect()
+    assert not shm_exists(name)
+    wait_until(lambda: all(process_gone(p) for p in pids), what="workers to exit")
+
+
+DRIVER = """
+import sys
+from rlcollect.testing import counting_layout, counting_programs
+from rlcollect.transports import ProcessSlotTransport
+t = ProcessSlotTransport()
+layout = counting_layout(2, 1, 2, 2)
+end = t.start(layout, counting_programs(layout))
+print(t.shm_name, *t.pids, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_driver_killed_with_sigkill_leaves_nothing_behind():
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        name, *pids = driver.stdout.readline().split()
+        assert shm_exists(name)
+        driver.kill()
+        driver.wait(10)
+        wait_until(lambda: all(process_gone(int(p)) for p in pids), what="orphaned workers")
+        wait_until(lambda: not shm_exists(name), what="the segment to be unlinked")
+    finally:
+        driver.kill()
+        driver.wait(10)
