@@ -52,3 +52,14 @@ class DictObsEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return self._obs(), float(action.sum()), False, self.t >= 7, {}
+
+
+class OtherActions(CountingEnv):
+    def __init__(self, env_id):
+        super().__init__(env_id)
+        self.action_space = gym.spaces.Discrete(3)
+
+
+class WrongShape(CountingEnv):
+    def _obs(self):
+        return np.zeros(3, np.int64)

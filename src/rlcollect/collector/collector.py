@@ -84,9 +84,10 @@ class AsyncBatchedCollector:
         envs_per_worker: envs stepped one after the other by each worker; the number of
             envs must be a multiple of it.
         transition_chunk_size: transitions per message from a worker, a multiple of
-            ``envs_per_worker``. ``"auto"`` gives each env ``frames_per_batch //
-            num_envs`` steps per chunk, at least 1 and at most 64: then every batch draws
-            on every env (fresh data, no env over-represented), while the per-message
+            ``envs_per_worker`` (a chunk holds as many steps of each of the worker's
+            envs). ``"auto"`` gives each env ``frames_per_batch // num_envs`` steps per
+            chunk, at least 1 and at most 64: a batch then draws on many envs rather
+            than a few (fresher data, no env over-represented), while the per-message
             cost is already spread over many transitions where batches are large.
         max_batch_size: most env observations per policy call (default: every env).
         min_batch_size: observations the server waits for before a call ...

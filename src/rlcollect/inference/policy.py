@@ -125,6 +125,7 @@ def output_fields(
     outputs: Mapping[Key, torch.Tensor], action_space: Any
 ) -> tuple[Field, tuple[Field, ...]]:
     """Check a probe's outputs against ``action_space``; return the action and extra fields."""
+    dtype = action_dtype(action_space)
     action = outputs[("action",)]
     want_shape = tuple(action_space.shape)
     if tuple(action.shape[1:]) != want_shape:
@@ -132,7 +133,6 @@ def output_fields(
             f"policy returned actions of shape {tuple(action.shape[1:])} per env; the action "
             f"space {action_space} needs {want_shape}"
         )
-    dtype = action_dtype(action_space)
     if dtype.kind in "iu" and action.dtype.is_floating_point:
         raise TypeError(
             f"policy returned {action.dtype} actions for the integer action space "

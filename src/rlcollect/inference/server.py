@@ -158,6 +158,11 @@ class InferenceServer:
     # ---------------------------------------------------------------- the loop
 
     def _run(self) -> None:
+        if self._runner.device.type == "cpu":
+            # Per-thread (OpenMP) setting: the caller's threads keep theirs. On the CPU the
+            # cores belong to the env workers; an intra-op pool that spins between small
+            # forwards takes them away (measured in benchmarks/cpu_collection.py).
+            torch.set_num_threads(1)
         try:
             self._loop()
         except ChannelClosed:

@@ -1,0 +1,39 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Installed before the package: where a CPU build of this release lies on disk (the
+# project's development machines), pip takes it in seconds instead of downloading a
+# CUDA build. The package itself only asks for torch>=2.11.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench-cpu clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(VENV)/bin/ruff format --check src tests examples benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest
+
+bench-cpu: $(STAMP)
+	$(PY) benchmarks/cpu_collection.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

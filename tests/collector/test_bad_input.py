@@ -1,0 +1,163 @@
+"""Invariant 7: bad input fails at construction or first batch, naming the problem."""
+
+import functools
+import threading
+
+import gymnasium as gym
+import pytest
+import torch
+from envs import OtherActions, WrongShape, cartpole
+from helpers import CountingPolicy, counting_envs
+
+from rlcollect import AsyncBatchedCollector, WorkerError
+from rlcollect.testing import CountingEnv
+
+
+def build(env_fns=None, policy=None, **kwargs):
+    kwargs.setdefault("frames_per_batch", 8)
+    kwargs.setdefault("total_frames", 16)
+    kwargs.setdefault("policy_device", "cpu")
+    c = AsyncBatchedCollector(
+        counting_envs(4) if env_fns is None else env_fns,
+        CountingPolicy() if policy is None else policy,
+        **kwargs,
+    )
+    return c
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"frames_per_batch": 0}, "frames_per_batch must be an int >= 1"),
+        ({"frames_per_batch": 2.5}, "frames_per_batch"),
+        ({"frames_per_batch": True}, "frames_per_batch"),
+        ({"total_frames": 0}, "total_frames must be an int >= 1 or -1"),
+        ({"transport": "tcp"}, r"transport must be one of \['process_slots', 'thread'\]"),
+        ({"envs_per_worker": 3}, "4 envs cannot be split into workers of envs_per_worker=3"),
+        ({"envs_per_worker": 0}, "envs_per_worker must be an int >= 1"),
+        (
+            {"envs_per_worker": 2, "transition_chunk_size": 3},
+            "transition_chunk_size=3 is not a multiple of envs_per_worker=2",
+        ),
+        ({"transition_chunk_size": "big"}, 'transition_chunk_size must be "auto" or an int'),
+        ({"transition_chunk_size": 0}, "transition_chunk_size"),
+        (
+            {"min_batch_size": 5, "max_batch_size": 2},
+            r"min_batch_size \(5\) exceeds max_batch_size",
+        ),
+        ({"max_batch_size": 0}, "max_batch_size must be a positive int"),
+        ({"batch_timeout": -1.0}, "batch_timeout must be a number >= 0"),
+        ({"seed": -1}, "seed must be an int >= 0 or None"),
+        ({"policy_device": "tpu:0"}, "policy_device 'tpu:0' is not a torch device"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build(**kwargs)
+
+
+def test_unknown_keyword_and_positional_configuration():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'frames_per_batches'"):
+        AsyncBatchedCollector(counting_envs(2), CountingPolicy(), frames_per_batches=8)
+    with pytest.raises(TypeError):
+        AsyncBatchedCollector(counting_envs(2), CountingPolicy(), 8)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_requested_without_cuda():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        build(policy_device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("env_fns", "error", "match"),
+    [
+        ([], ValueError, "env_fns is empty"),
+        (cartpole, TypeError, "env_fns must be a sequence"),
+        ([cartpole, 3], TypeError, r"env_fns\[1\] is a int, not a callable"),
+        ([lambda: "not an env"], TypeError, "without gymnasium observation_space"),
+        ([lambda: gym.make("NoSuchEnv-v0")], ValueError, "env_fns\\[0\\] raised while building"),
+        (
+            [lambda: gym.vector.SyncVectorEnv([cartpole])],
+            TypeError,
+            "returned a gymnasium VectorEnv",
+        ),
+    ],
+)
+def test_bad_env_fns(env_fns, error, match):
+    with pytest.raises(error, match=match):
+        build(env_fns=env_fns, transport="thread")
+
+
+def test_unpicklable_env_factory_names_the_env():
+    lock = threading.Lock()
+
+    def make():
+        with lock:
+            return CountingEnv(0)
+
+    fns = [*counting_envs(2), make]
+    with pytest.raises(TypeError, match=r"env_fns\[2\] cannot be pickled .* transport='thread'"):
+        build(env_fns=fns, transport="process_slots")
+    with build(env_fns=fns, transport="thread", total_frames=9, frames_per_batch=9) as c:
+        assert len(list(c)) == 1  # threads need no pickling
+
+
+class Returns(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, obs):
+        return self.fn(obs)
+
+
+@pytest.mark.parametrize(
+    ("fn", "error", "match"),
+    [
+        (lambda o: {"logits": o.float()}, ValueError, "policy output has no 'action'"),
+        (
+            lambda o: o[:, :2].float().softmax(-1).argmax(-1, keepdim=True),
+            ValueError,
+            r"actions of shape \(1,\) per env; the action space Discrete\(5\) needs \(\)",
+        ),
+        (lambda o: o[:, 0].float(), TypeError, "float32 actions for the integer action space"),
+        (lambda o: {"action": o[:, 0], "step": o[:, 0]}, ValueError, "a key the collector fills"),
+        (lambda o: {"action": o[:, 0], "note": "hi"}, ValueError, "policy output 'note' is a str"),
+        (lambda o: o[:1, 0], ValueError, "expected a leading batch dimension of 2"),
+        (
+            lambda o: torch.nn.functional.linear(o.float(), torch.zeros(2, 7)),
+            ValueError,
+            "policy failed on a batch of 2 sampled observations .*int64",
+        ),
+        (lambda o: [o[:, 0]], ValueError, "must return the action tensor, or a mapping"),
+    ],
+)
+def test_bad_policies(fn, error, match):
+    with pytest.raises(error, match=match):
+        build(policy=Returns(fn), transport="thread")
+
+
+def test_policy_that_is_not_a_module():
+    with pytest.raises(TypeError, match=r"policy must be a torch\.nn\.Module"):
+        build(policy=lambda obs: obs, transport="thread")
+
+
+def test_replay_buffer_without_extend():
+    with pytest.raises(TypeError, match="replay_buffer must have an extend"):
+        build(replay_buffer={}, transport="thread")
+
+
+def test_env_spaces_must_match(transport):
+    fns = [*counting_envs(2), functools.partial(OtherActions, 2)]
+    c = build(env_fns=fns, transport=transport, total_frames=-1)
+    with pytest.raises(WorkerError, match=r"env 2 .*action_space Discrete\(3\), but env 0 has"):
+        list(c)
+
+
+def test_env_observation_of_the_wrong_shape(transport):
+    fns = [*counting_envs(1), functools.partial(WrongShape, 1)]
+    c = build(env_fns=fns, transport=transport, total_frames=-1)
+    with pytest.raises(WorkerError, match=r"env 1 returned an observation of shape \(3,\)") as e:
+        list(c)
+    assert e.value.env_index == 1
