@@ -158,6 +158,11 @@ class ThreadQueueTransport(Transport):
         self._threads: list[threading.Thread] = []
         self._closed = False
 
+    @property
+    def alive(self) -> list[bool]:
+        """Whether each worker thread is still running."""
+        return [t.is_alive() for t in self._threads]
+
     def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
         if self._server is not None or self._closed:
             raise RuntimeError("a ThreadQueueTransport serves one collector; create a new one")
