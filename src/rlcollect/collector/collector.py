@@ -38,6 +38,7 @@ from rlcollect.collector.worker import (
 from rlcollect.errors import ChannelClosed, CollectorError
 from rlcollect.inference.policy import PolicyRunner, output_fields
 from rlcollect.inference.server import BatchingConfig, InferenceServer
+from rlcollect.inference.step import ActionStep, DeviceStep, HostStep
 from rlcollect.transports.base import ServerEnd, Transport
 from rlcollect.transports.layout import Field, RingLayout
 from rlcollect.transports.process_slots import ProcessSlotTransport
@@ -94,7 +95,17 @@ class AsyncBatchedCollector:
         batch_timeout: ... but never longer than this many seconds after the oldest
             waiting request.
         policy_device: where the policy runs; default ``"cuda"`` when available, else
-            ``"cpu"``.
+            ``"cpu"``. On a GPU, observations go up from page-locked memory in one
+            asynchronous copy per batch and outputs come back the same way.
+        compile: ``True``, or a dict of ``torch.compile`` keyword arguments: the action
+            step is compiled, for every padded batch size, before collection starts.
+            Needs a CUDA ``policy_device``.
+        cuda_graph: capture the whole action step (dtype conversion, forward, sampling)
+            as a CUDA graph once per padded batch size (powers of two up to
+            ``max_batch_size``) and replay it. The policy must be capturable (no host
+            synchronisation, no data-dependent control flow); weights pushed with
+            :meth:`update_policy_weights_` are copied in place, so graphs stay valid.
+            Needs a CUDA ``policy_device``.
         replay_buffer: anything with ``.extend(tensordict)``; every batch is written to
             it before it is yielded.
         seed: env ``i`` is reset with ``seed + i`` the first time; None leaves envs
@@ -129,6 +140,8 @@ class AsyncBatchedCollector:
         min_batch_size: int = 1,
         batch_timeout: float = 1e-3,
         policy_device: str | torch.device | None = None,
+        compile: bool | Mapping[str, Any] = False,
+        cuda_graph: bool = False,
         replay_buffer: Any = None,
         seed: int | None = 0,
     ) -> None:
@@ -167,6 +180,13 @@ class AsyncBatchedCollector:
         if isinstance(transport_obj, ProcessSlotTransport):
             _check_picklable(env_fns)
         device = _device(policy_device)
+        compile_options = _compile_options(compile)
+        if not isinstance(cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
+        if device.type != "cuda" and (compile_options is not None or cuda_graph):
+            raise ValueError(
+                f"compile and cuda_graph need a CUDA policy_device; the policy runs on {device}"
+            )
 
         observation_space, action_space = _probe_spaces(env_fns[0])
         paths, obs_fields = _observation_fields(observation_space)
@@ -176,6 +196,14 @@ class AsyncBatchedCollector:
             _probe_policy(runner, observation_space, paths), action_space
         )
         fields = transition_fields(obs_fields, action_field, extra_fields)
+        step = _action_step(
+            runner,
+            dict(zip(paths, obs_fields, strict=True)),
+            {f.key: f for f in (action_field, *extra_fields)},
+            max(batching.max_batch_size, envs_per_worker),
+            compile_options,
+            cuda_graph,
+        )
         num_workers = num_envs // envs_per_worker
         layout = RingLayout(fields, num_workers, envs_per_worker, chunk_steps, _SLOTS)
         programs = [
@@ -219,7 +247,12 @@ class AsyncBatchedCollector:
         try:
             self._end: ServerEnd = transport_obj.start(layout, programs)
             self._server = InferenceServer(
-                runner, self._end, envs_per_worker=envs_per_worker, batching=batching
+                runner,
+                step,
+                self._end,
+                envs_per_worker=envs_per_worker,
+                batching=batching,
+                output_keys=frozenset(f.key for f in (action_field, *extra_fields)),
             )
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, _shutdown_parts, transport_obj, self._server)
@@ -405,6 +438,44 @@ def _device(policy_device: str | torch.device | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"policy_device={policy_device!r}, but CUDA is not available here")
     return device
+
+
+def _compile_options(compile: Any) -> dict[str, Any] | None:
+    if compile is False:
+        return None
+    if compile is True:
+        return {}
+    if isinstance(compile, Mapping):
+        return dict(compile)
+    raise ValueError(
+        f"compile must be True, False or a dict of torch.compile options, got {compile!r}"
+    )
+
+
+def _action_step(
+    runner: PolicyRunner,
+    observations: dict[Path, Field],
+    outputs: dict[tuple[str, ...], Field],
+    capacity: int,
+    compile_options: dict[str, Any] | None,
+    cuda_graph: bool,
+) -> ActionStep:
+    if runner.device.type != "cuda":
+        return HostStep(runner, observations, capacity)
+    try:
+        return DeviceStep(
+            runner,
+            observations,
+            outputs,
+            capacity,
+            compile_options=compile_options,
+            cuda_graph=cuda_graph,
+        )
+    except Exception as exc:
+        what = "capturing the action step as a CUDA graph" if cuda_graph else "warming up"
+        if compile_options is not None:
+            what = "compiling the action step" + (" and capturing it" if cuda_graph else "")
+        raise ValueError(f"the policy failed while {what}: {type(exc).__name__}: {exc}") from exc
 
 
 def _probe_spaces(env_fn: Callable[[], Any]) -> tuple[Any, Any]:

@@ -45,25 +45,28 @@ class PolicyRunner:
 
     def __call__(self, observations: Mapping[Path, np.ndarray]) -> dict[Key, torch.Tensor]:
         """``observations[path]`` is ``[B, *shape]``; returns every output as ``[B, ...]``."""
-        batch = next(iter(observations.values())).shape[0]
         tensors = {
-            path: torch.from_numpy(arr).to(self.device, non_blocking=True)
-            for path, arr in observations.items()
+            path: torch.from_numpy(arr).to(self.device) for path, arr in observations.items()
         }
         with torch.inference_mode():
-            if self.tensordict_policy:
-                td = TensorDict(
-                    {("observation", *path): t for path, t in tensors.items()},
-                    batch_size=[batch],
-                    device=self.device,
-                )
-                out = self.policy(td)
-                return _outputs_of_tensordict(out if out is not None else td, batch)
-            if self._dict_obs:
-                arg: Any = TensorDict({path: t for path, t in tensors.items()}, batch_size=[batch])
-            else:
-                arg = tensors[()]
-            return _outputs(self.policy(arg), batch)
+            return self.call(tensors)
+
+    def call(self, tensors: Mapping[Path, torch.Tensor]) -> dict[Key, torch.Tensor]:
+        """The policy on observation tensors already on the device (graph-capturable)."""
+        batch = next(iter(tensors.values())).shape[0]
+        if self.tensordict_policy:
+            td = TensorDict(
+                {("observation", *path): t for path, t in tensors.items()},
+                batch_size=[batch],
+                device=self.device,
+            )
+            out = self.policy(td)
+            return _outputs_of_tensordict(out if out is not None else td, batch)
+        if self._dict_obs:
+            arg: Any = TensorDict(dict(tensors), batch_size=[batch], device=self.device)
+        else:
+            arg = tensors[()]
+        return _outputs(self.policy(arg), batch)
 
 
 def _outputs_of_tensordict(td: TensorDictBase, batch: int) -> dict[Key, torch.Tensor]:

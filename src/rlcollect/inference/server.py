@@ -1,11 +1,15 @@
 """The inference server: one thread that batches worker requests and runs the policy.
 
-Each pass of its loop is four named, timed phases::
+Each pass of its loop is a few named, timed phases::
 
     wait     collect requests (worker, position) until min_batch_size rows are ready
              or batch_timeout has passed since the oldest one arrived
-    gather   one fancy index per observation field over (worker, position) → [B, ...]
-    forward  the policy on the policy device (weights never change during a forward)
+    gather   one ``np.take`` per observation field over (worker, position) into the
+             action step's input buffers (page-locked when the policy is on a GPU)
+    h2d      host → device copy               ┐
+    forward  the policy (eager, compiled or   │ the action step (``step.py``); weights
+             a CUDA graph replay)             │ never change during it
+    d2h      device → host copy of outputs    ┘
     scatter  actions and extra outputs, stamped with the weights version, written back
              at each (worker, position); then each worker is woken
 
@@ -32,13 +36,16 @@ import torch
 
 from rlcollect.errors import ChannelClosed, InferenceError
 from rlcollect.inference.policy import PolicyRunner
+from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import ServerEnd
+from rlcollect.transports.layout import Key
 
 __all__ = ["BatchingConfig", "InferenceServer"]
 
 Path = tuple[str, ...]
 _IDLE_WAIT = 0.05  # seconds between checks of the stop flag when no request comes
-PHASES = ("wait", "gather", "forward", "scatter")
+PHASES = ("wait", "gather", "h2d", "forward", "d2h", "scatter")
+_LATENCIES = 1 << 14  # request latencies kept for the percentiles (a ring)
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,13 @@ class InferenceServer:
     """Serves action requests from a :class:`~rlcollect.transports.ServerEnd` in a thread.
 
     Args:
-        runner: calls the policy (see :class:`~rlcollect.inference.policy.PolicyRunner`).
+        runner: the policy and its calling convention.
+        step: the action step built around ``runner`` (host, or device with compile and
+            CUDA graphs), holding at least ``max_batch_size`` rows.
         end: the driver's end of a started transport.
         envs_per_worker: rows per request.
         batching: batch size limits and timeout.
+        output_keys: the keys the policy returned when the collector was built.
 
     The server owns the policy copy inside ``runner``; :meth:`update_weights` changes it
     between batches only and bumps :attr:`policy_version`, which is stamped on every
@@ -80,18 +90,29 @@ class InferenceServer:
     def __init__(
         self,
         runner: PolicyRunner,
+        step: ActionStep,
         end: ServerEnd,
         *,
         envs_per_worker: int,
         batching: BatchingConfig,
+        output_keys: frozenset[Key],
     ) -> None:
         self._runner = runner
+        self._step = step
         self._end = end
         self._k = envs_per_worker
         self._batching = batching
         self._max_requests = max(1, batching.max_batch_size // envs_per_worker)
-        self._obs_fields = {path: end.buffers[("observation", *path)] for path in runner.paths}
+        # Each observation field seen as [workers * positions, envs_per_worker, ...], so one
+        # np.take with flat indices gathers a batch.
+        self._obs_fields = {
+            path: _flat(end.buffers[("observation", *path)]) for path in runner.paths
+        }
+        self._positions = end.buffers[("policy_version",)].shape[1]
+        if step.capacity < max(batching.max_batch_size, envs_per_worker):
+            raise ValueError(f"the action step holds {step.capacity} rows, fewer than a batch")
         self._version_field = end.buffers[("policy_version",)]
+        self._output_keys = frozenset(output_keys)
         self._weights_lock = threading.Lock()
         self._version = 0
         self._stop = threading.Event()
@@ -101,6 +122,8 @@ class InferenceServer:
         self._batches = 0
         self._rows = 0
         self._batch_sizes = np.zeros(batching.max_batch_size + envs_per_worker + 1, np.int64)
+        self._latencies = np.zeros(_LATENCIES, np.float64)
+        self._served = 0
 
     @property
     def policy_version(self) -> int:
@@ -141,18 +164,28 @@ class InferenceServer:
         with self._weights_lock, torch.no_grad():
             for name, value in state_dict.items():
                 target[name].copy_(value)
+            if self._runner.device.type == "cuda":
+                # The copies ran on this thread's stream; the server's stream must not
+                # start the next forward before they are done.
+                torch.cuda.current_stream(self._runner.device).synchronize()
             self._version += 1
             return self._version
 
     def stats(self) -> dict[str, Any]:
-        """Batches served, rows, mean batch size, batch-size histogram, seconds per phase."""
+        """Batches, rows, mean batch size, batch-size histogram, seconds per phase, and the
+        p50/p95 request latency (seconds from a request's arrival to its response) over
+        the last 16384 requests."""
         sizes = {int(s): int(c) for s, c in enumerate(self._batch_sizes) if c}
+        recent = self._latencies[: min(self._served, _LATENCIES)]
+        p50, p95 = np.percentile(recent, [50, 95]).tolist() if recent.size else [0.0, 0.0]
         return {
             "batches": self._batches,
             "rows": self._rows,
             "mean_batch_size": self._rows / self._batches if self._batches else 0.0,
             "batch_sizes": sizes,
             "phase_seconds": {k: v / 1e9 for k, v in self._phase_ns.items()},
+            "request_latency_p50": p50,
+            "request_latency_p95": p95,
         }
 
     # ---------------------------------------------------------------- the loop
@@ -174,7 +207,7 @@ class InferenceServer:
             self._end.abort()  # unblocks every worker and the consumer
 
     def _loop(self) -> None:
-        pending: deque[tuple[int, int]] = deque()
+        pending: deque[tuple[int, int, float]] = deque()
         self._await_first_requests(pending)
         oldest = time.perf_counter()
         min_rows = self._batching.min_batch_size
@@ -192,9 +225,10 @@ class InferenceServer:
                 wait = max(0.0, oldest + timeout - time.perf_counter())
             new = self._end.wait_requests(wait)
             if new:
+                now = time.perf_counter()
                 if not pending:
-                    oldest = time.perf_counter()
-                pending.extend(new)
+                    oldest = now
+                pending.extend((w, p, now) for w, p in new)
             phase["wait"] += clock() - t0
             if not pending:
                 continue
@@ -204,48 +238,68 @@ class InferenceServer:
             n = min(len(pending), self._max_requests)
             batch = [pending.popleft() for _ in range(n)]
             if pending:
-                oldest = time.perf_counter()
+                oldest = pending[0][2]
             self._serve(batch)
 
-    def _await_first_requests(self, pending: deque[tuple[int, int]]) -> None:
+    def _await_first_requests(self, pending: deque[tuple[int, int, float]]) -> None:
         missing = set(range(self._version_field.shape[0]))
         while missing and not self._stop.is_set():
             new = self._end.wait_requests(_IDLE_WAIT)
-            pending.extend(new)
+            now = time.perf_counter()
+            pending.extend((w, p, now) for w, p in new)
             missing.difference_update(w for w, _ in new)
 
-    def _serve(self, batch: list[tuple[int, int]]) -> None:
+    def _serve(self, batch: list[tuple[int, int, float]]) -> None:
         clock = time.perf_counter_ns
         phase = self._phase_ns
+        n = len(batch)
+        rows = n * self._k
         t0 = clock()
-        workers = np.fromiter((w for w, _ in batch), dtype=np.intp, count=len(batch))
-        positions = np.fromiter((p for _, p in batch), dtype=np.intp, count=len(batch))
-        rows = len(batch) * self._k
-        obs = {
-            path: field[workers, positions].reshape(rows, *field.shape[3:])
-            for path, field in self._obs_fields.items()
-        }
+        workers = np.fromiter((b[0] for b in batch), dtype=np.intp, count=n)
+        positions = np.fromiter((b[1] for b in batch), dtype=np.intp, count=n)
+        flat = workers * self._positions + positions
+        for path, field in self._obs_fields.items():
+            out = self._step.inputs[path][:rows].reshape(n, *field.shape[1:])
+            np.take(field, flat, axis=0, out=out, mode="clip")  # indices are valid
         t1 = clock()
         with self._weights_lock:
-            outputs = self._runner(obs)
+            outputs, (h2d, d2h) = self._step.run(rows)
             version = self._version
-            t2 = clock()
-            ring = self._end.buffers
-            for key, value in outputs.items():
-                dst = ring[key]
-                src = value.detach().to("cpu").numpy()
-                if src.shape[1:] != dst.shape[3:]:
-                    raise ValueError(
-                        f"policy output {key} has shape {src.shape[1:]} per env, but it had "
-                        f"{dst.shape[3:]} when the collector was built"
-                    )
-                dst[workers, positions] = src.reshape(len(batch), self._k, *dst.shape[3:])
-            self._version_field[workers, positions] = version
+        t2 = clock()
+        ring = self._end.buffers
+        if outputs.keys() != self._output_keys:
+            raise ValueError(
+                f"policy returned outputs {sorted(outputs)}, but {sorted(self._output_keys)} "
+                "when the collector was built"
+            )
+        for key, src in outputs.items():
+            dst = ring[key]
+            if src.shape[1:] != dst.shape[3:]:
+                raise ValueError(
+                    f"policy output {key} has shape {src.shape[1:]} per env, but it had "
+                    f"{dst.shape[3:]} when the collector was built"
+                )
+            dst[workers, positions] = src.reshape(n, *dst.shape[2:])
+        self._version_field[workers, positions] = version
         self._end.respond([int(w) for w in workers])
         t3 = clock()
+        done = time.perf_counter()
+        for b in batch:
+            self._latencies[self._served % _LATENCIES] = done - b[2]
+            self._served += 1
         phase["gather"] += t1 - t0
-        phase["forward"] += t2 - t1
+        # The step's own split of its time (device timers on a GPU); what it does not
+        # account for (launch overhead, the wait) is charged to forward.
+        step_ns = t2 - t1
+        phase["h2d"] += int(h2d * 1e9)
+        phase["d2h"] += int(d2h * 1e9)
+        phase["forward"] += max(0, step_ns - int((h2d + d2h) * 1e9))
         phase["scatter"] += t3 - t2
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
+
+
+def _flat(field: np.ndarray) -> np.ndarray:
+    """``[W, P, k, ...]`` → ``[W * P, k, ...]`` (a view: the ring is contiguous)."""
+    return field.reshape(field.shape[0] * field.shape[1], *field.shape[2:])
