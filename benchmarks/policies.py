@@ -36,3 +36,28 @@ class SmallCNN(nn.Module):
 
 def policy_for(env_name: str) -> nn.Module:
     return MLP(4, 2) if env_name == "cartpole" else SmallCNN(6)
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature CNN for 4x105x80 uint8 frames; samples by Gumbel-max.
+
+    Gumbel-max (argmax of logits plus Gumbel noise) draws from the same distribution as
+    ``Categorical(logits).sample()`` without a host synchronisation, so the whole action
+    step can be captured in a CUDA graph.
+    """
+
+    def __init__(self, num_actions: int = 6) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(), nn.Linear(64 * 9 * 6, 512), nn.ReLU(), nn.Linear(512, num_actions),
+        )  # fmt: skip
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.net(obs.float() / 255.0)
+        u = torch.rand_like(logits).clamp_(1e-9, 1.0)
+        action = (logits - torch.log(-torch.log(u))).argmax(-1)
+        log_prob = torch.log_softmax(logits, -1).gather(-1, action[:, None])[:, 0]
+        return {"action": action, "log_prob": log_prob}

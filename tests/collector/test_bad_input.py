@@ -70,6 +70,20 @@ def test_cuda_requested_without_cuda():
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"cuda_graph": True}, "compile and cuda_graph need a CUDA policy_device"),
+        ({"compile": True}, "compile and cuda_graph need a CUDA policy_device"),
+        ({"compile": "max"}, "compile must be True, False or a dict"),
+        ({"cuda_graph": 1}, "cuda_graph must be True or False"),
+    ],
+)
+def test_gpu_options_on_the_cpu(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build(policy_device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize(
     ("env_fns", "error", "match"),
     [
         ([], ValueError, "env_fns is empty"),

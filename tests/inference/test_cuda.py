@@ -1,41 +1,64 @@
-"""The eager policy on a real GPU (skipped where CUDA is absent; run on the device)."""
+"""The GPU path on a real GPU (skipped where CUDA is absent; run on the device).
 
+Eager, compiled and CUDA-graphed action steps; page-locked transfers; weight updates
+reaching captured graphs; policies that write their own inputs.
+"""
+
+import numpy as np
 import pytest
 import torch
-from helpers import CountingPolicy, check_counting_streams, collect, counting_envs
+from helpers import CountingPolicy, check_counting_streams, collect, counting_envs, streams
+from tensordict.nn import TensorDictModule, TensorDictSequential
 
 from rlcollect import AsyncBatchedCollector
+from rlcollect.inference.policy import PolicyRunner
+from rlcollect.inference.step import DeviceStep, buckets_for
+from rlcollect.transports.layout import Field
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
+MODES = {
+    "eager": {},
+    "graph": {"cuda_graph": True},
+    "compiled": {"compile": True},
+    "compiled+graph": {"compile": True, "cuda_graph": True},
+}
+
+
+def make(transport="process_slots", policy=None, n=6, **kwargs):
+    kwargs.setdefault("frames_per_batch", 60)
+    kwargs.setdefault("total_frames", 1200)
+    return AsyncBatchedCollector(
+        counting_envs(n),
+        policy or CountingPolicy(),
+        transport=transport,
+        policy_device="cuda",
+        **kwargs,
+    )
+
 
 class DevicePolicy(CountingPolicy):
     """Records the device it ran on, so the test sees the forward happen on the GPU."""
 
     def forward(self, obs):
-        assert obs.is_cuda, f"observations arrived on {obs.device}"
         out = super().forward(obs)
-        out["on_cuda"] = torch.full_like(out["value"], float(self.scale.is_cuda))
+        out["on_cuda"] = torch.full_like(out["value"], float(obs.is_cuda and self.scale.is_cuda))
         return out
 
 
-def test_cuda_policy_keeps_every_invariant(transport):
-    with AsyncBatchedCollector(
-        counting_envs(6),
-        DevicePolicy(),
-        frames_per_batch=60,
-        total_frames=1200,
-        transport=transport,
-        policy_device="cuda",
-        envs_per_worker=2,
-    ) as c:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_mode_keeps_every_invariant(transport, mode):
+    with make(transport, DevicePolicy(), envs_per_worker=2, **MODES[mode]) as c:
         data = collect(c)
+        stats = c.stats()["server"]
     assert data["observation"].device.type == "cpu"
     assert bool((data["on_cuda"] == 1).all())
     check_counting_streams(data)
+    assert stats["phase_seconds"]["h2d"] > 0 and stats["phase_seconds"]["d2h"] > 0
+    assert 0 < stats["request_latency_p50"] <= stats["request_latency_p95"]
 
 
 def test_default_device_is_cuda_when_present():
@@ -44,3 +67,150 @@ def test_default_device_is_cuda_when_present():
     ) as c:
         assert c.policy_device.type == "cuda"
         list(c)
+
+
+# ---------------------------------------------------------------- the step, unit by unit
+
+
+class ConvPolicy(torch.nn.Module):
+    """A small Nature-style CNN, deterministic: argmax of its logits."""
+
+    def __init__(self, sample=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(4, 16, 8, stride=4),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 4, stride=2),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32 * 9 * 9, 6),
+        )
+        self.sample = sample
+
+    def forward(self, obs):
+        logits = self.net(obs.float() / 255.0)
+        if self.sample:  # Gumbel-max: a capturable categorical sample
+            u = torch.rand_like(logits).clamp_(1e-9, 1.0)
+            logits = logits - torch.log(-torch.log(u))
+        return {"action": logits.argmax(-1), "logits": logits}
+
+
+def conv_step(policy, capacity=64, **kwargs):
+    runner = PolicyRunner(policy.cuda(), torch.device("cuda"), ((),))
+    obs = {(): Field(("observation",), (4, 84, 84), np.dtype(np.uint8))}
+    outputs = {
+        ("action",): Field(("action",), (), np.dtype(np.int64)),
+        ("logits",): Field(("logits",), (6,), np.dtype(np.float32)),
+    }
+    return DeviceStep(runner, obs, outputs, capacity, compile_options=None, **kwargs)
+
+
+def test_graph_and_eager_give_identical_actions_at_every_bucket_size():
+    eager, graph = (
+        conv_step(ConvPolicy(), cuda_graph=False),
+        conv_step(ConvPolicy(), cuda_graph=True),
+    )
+    rng = np.random.default_rng(0)
+    for size in buckets_for(64):
+        frames = rng.integers(0, 256, (size, 4, 84, 84), dtype=np.uint8)
+        for step in (eager, graph):
+            step.inputs[()][:size] = frames
+        a, _ = eager.run(size)
+        a = {k: v.copy() for k, v in a.items()}
+        b, _ = graph.run(size)
+        assert np.array_equal(a["action"], b["action"]), f"actions differ at batch {size}"
+        assert np.array_equal(a["logits"], b["logits"]), f"logits differ at batch {size}"
+
+
+def test_padded_rows_do_not_leak_into_a_smaller_batch():
+    graph = conv_step(ConvPolicy(), cuda_graph=True)
+    rng = np.random.default_rng(1)
+    frames = rng.integers(0, 256, (5, 4, 84, 84), dtype=np.uint8)
+    graph.inputs[()][:5] = frames
+    full = {k: v.copy() for k, v in graph.run(5)[0].items()}  # replays the graph of 8
+    graph.inputs[()][:3] = frames[:3]
+    part = graph.run(3)[0]  # replays the graph of 4: rows 3 are stale padding
+    assert part["action"].shape == (3,)
+    assert np.array_equal(part["logits"], full["logits"][:3])
+
+
+def test_sampling_inside_a_graph_stays_random():
+    step = conv_step(ConvPolicy(sample=True), cuda_graph=True, capacity=256)
+    step.inputs[()][:256] = 7  # the same observation in every row, every replay
+    seen = np.concatenate([step.run(256)[0]["action"].copy() for _ in range(20)])
+    counts = np.bincount(seen, minlength=6)
+    assert (counts > 0).sum() >= 2, f"graph replays keep drawing the same sample: {counts}"
+    first, second = step.run(256)[0]["action"].copy(), step.run(256)[0]["action"].copy()
+    assert not np.array_equal(first, second), "two replays drew identical samples"
+
+
+# ---------------------------------------------------------------- weights and inputs
+
+
+class ConstantPolicy(torch.nn.Module):
+    def __init__(self, value):
+        super().__init__()
+        self.value = torch.nn.Parameter(torch.tensor(float(value)))
+
+    def forward(self, obs):
+        return self.value.expand(obs.shape[0]).round().long()
+
+
+@pytest.mark.parametrize("mode", ["graph", "compiled+graph"])
+def test_weight_updates_reach_captured_graphs(mode):
+    policy = ConstantPolicy(1)
+    with make(policy=policy, total_frames=-1, frames_per_batch=40, **MODES[mode]) as c:
+        first = [next(c) for _ in range(3)]
+        with torch.no_grad():
+            policy.value.fill_(4)
+        assert c.update_policy_weights_(policy) == 1
+        later = [next(c) for _ in range(30)]
+    data = torch.cat([*first, *later])
+    version = data["policy_version"]
+    assert set(version.unique().tolist()) == {0, 1}
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
+    for rows in streams(data).values():
+        assert bool((rows["policy_version"].diff() >= 0).all())
+
+
+class WritesItsInput(CountingPolicy):
+    """Computes its action, then scribbles over its input tensor in place."""
+
+    def forward(self, obs):
+        out = super().forward(obs)
+        obs.mul_(0).add_(3)
+        return out
+
+
+def test_a_policy_writing_its_input_in_place_never_reads_stale_inputs(transport):
+    with make(transport, WritesItsInput(), cuda_graph=True, total_frames=2000) as c:
+        data = collect(c)
+    check_counting_streams(data)  # every action matches its own fresh observation
+
+
+def test_a_tensordict_policy_overwriting_its_observation_key():
+    scale = TensorDictModule(lambda o: o * 2, in_keys=["observation"], out_keys=["observation"])
+    act = TensorDictModule(
+        lambda o: ((o[:, 0] * 7 + o[:, 1] * 3 + o[:, 2]) // 2) % 5,
+        in_keys=["observation"],
+        out_keys=["action"],
+    )
+    # the second module reads the doubled observation and halves it back: the counting
+    # action of the raw one, provided no replay ever reads a stale observation
+    policy = TensorDictSequential(scale, act)
+    with make(policy=policy, cuda_graph=True, total_frames=2000) as c:
+        data = collect(c)
+    obs = data["observation"]
+    assert torch.equal(data["action"], (obs[:, 0] * 7 + obs[:, 1] * 3 + obs[:, 2]) % 5)
+
+
+def test_an_uncapturable_policy_fails_at_construction_with_a_clear_error():
+    class Syncs(CountingPolicy):
+        def forward(self, obs):
+            if obs.sum().item() < 0:  # a host sync: cannot be captured
+                raise AssertionError
+            return super().forward(obs)
+
+    with pytest.raises(ValueError, match="capturing the action step as a CUDA graph"):
+        make(policy=Syncs(), cuda_graph=True)
