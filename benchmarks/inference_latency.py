@@ -77,8 +77,8 @@ def server_latency(mode: str, iters: int) -> dict[int, float]:
                 ring, flat, axis=0, out=step.inputs[()][:size].reshape(size, 1, *SHAPE), mode="clip"
             )
             result, _ = step.run(size)
-            ring_action[flat] = result["action"].reshape(size, 1)
-            ring_logp[flat] = result["log_prob"].reshape(size, 1)
+            ring_action[flat] = result[("action",)].reshape(size, 1)
+            ring_logp[flat] = result[("log_prob",)].reshape(size, 1)
             if i >= 10:
                 times.append(time.perf_counter() - t0)
         out[size] = statistics.median(times)

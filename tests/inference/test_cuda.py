@@ -119,8 +119,8 @@ def test_graph_and_eager_give_identical_actions_at_every_bucket_size():
         a, _ = eager.run(size)
         a = {k: v.copy() for k, v in a.items()}
         b, _ = graph.run(size)
-        assert np.array_equal(a["action"], b["action"]), f"actions differ at batch {size}"
-        assert np.array_equal(a["logits"], b["logits"]), f"logits differ at batch {size}"
+        assert np.array_equal(a[("action",)], b[("action",)]), f"actions differ at batch {size}"
+        assert np.array_equal(a[("logits",)], b[("logits",)]), f"logits differ at batch {size}"
 
 
 def test_padded_rows_do_not_leak_into_a_smaller_batch():
@@ -131,17 +131,17 @@ def test_padded_rows_do_not_leak_into_a_smaller_batch():
     full = {k: v.copy() for k, v in graph.run(5)[0].items()}  # replays the graph of 8
     graph.inputs[()][:3] = frames[:3]
     part = graph.run(3)[0]  # replays the graph of 4: rows 3 are stale padding
-    assert part["action"].shape == (3,)
-    assert np.array_equal(part["logits"], full["logits"][:3])
+    assert part[("action",)].shape == (3,)
+    assert np.array_equal(part[("logits",)], full[("logits",)][:3])
 
 
 def test_sampling_inside_a_graph_stays_random():
     step = conv_step(ConvPolicy(sample=True), cuda_graph=True, capacity=256)
     step.inputs[()][:256] = 7  # the same observation in every row, every replay
-    seen = np.concatenate([step.run(256)[0]["action"].copy() for _ in range(20)])
+    seen = np.concatenate([step.run(256)[0][("action",)].copy() for _ in range(20)])
     counts = np.bincount(seen, minlength=6)
     assert (counts > 0).sum() >= 2, f"graph replays keep drawing the same sample: {counts}"
-    first, second = step.run(256)[0]["action"].copy(), step.run(256)[0]["action"].copy()
+    first, second = step.run(256)[0][("action",)].copy(), step.run(256)[0][("action",)].copy()
     assert not np.array_equal(first, second), "two replays drew identical samples"
 
 
