@@ -3,9 +3,11 @@
 Runs on a CUDA machine. Two parts, in one run:
 
 1. **Latency by batch size** (1 … 256) of the server's per-batch work for the Nature
-   CNN on 4x105x80 uint8 frames — gather from a ring-shaped array into the step's
-   page-locked inputs, host→device, forward and sampling, device→host, scatter back
-   into the ring — for the eager, compiled and CUDA-graphed action steps; beside a bare
+   CNN on 4x105x80 uint8 frames — gather the batch's rows out of a ring-shaped array,
+   host→device, forward and sampling, device→host, scatter back into the ring — for
+   the eager, compiled and CUDA-graphed action steps (gathering on the GPU from the
+   page-locked ring), the graphed step gathering on the CPU into page-locked staging
+   (``graph_staged``: the other way to pin, measured to choose); beside a bare
    ``torch.cuda.CUDAGraph`` replay of the same network with its copies (page-locked
    input → device, replay, device → page-locked output, synchronise). Median of
    ``--iters`` timed calls after a warm-up.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import platform
 import statistics
 import sys
@@ -44,7 +47,13 @@ from rlcollect.transports.layout import Field
 
 SHAPE = (4, 105, 80)
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-MODES = {"eager": (None, False), "compiled": ({}, False), "graph": (None, True)}
+# mode: (torch.compile options, CUDA graph, page-lock the ring and gather on the GPU)
+MODES = {
+    "eager": (None, False, True),
+    "compiled": ({}, False, True),
+    "graph": (None, True, True),
+    "graph_staged": (None, True, False),
+}
 
 
 def policy() -> NatureCNN:
@@ -53,7 +62,7 @@ def policy() -> NatureCNN:
 
 
 def server_latency(mode: str, iters: int) -> dict[int, float]:
-    compile_options, graph = MODES[mode]
+    compile_options, graph, register = MODES[mode]
     runner = PolicyRunner(policy().cuda(), torch.device("cuda"), ((),))
     obs = {(): Field(("observation",), SHAPE, np.dtype(np.uint8))}
     outputs = {
@@ -64,7 +73,12 @@ def server_latency(mode: str, iters: int) -> dict[int, float]:
         runner, obs, outputs, max(SIZES), compile_options=compile_options, cuda_graph=graph
     )
     rng = np.random.default_rng(0)
-    ring = rng.integers(0, 256, (2 * max(SIZES), 1, *SHAPE), dtype=np.uint8)
+    slots = 2 * max(SIZES)
+    storage = mmap.mmap(-1, slots * int(np.prod(SHAPE)))  # page-aligned, like the ring
+    ring = np.frombuffer(storage, dtype=np.uint8).reshape(slots, 1, *SHAPE)
+    ring[...] = rng.integers(0, 256, ring.shape, dtype=np.uint8)
+    step.attach({(): ring}, register=register)
+    assert step.gathers_on_device == register, "the ring could not be page-locked"
     ring_action = np.zeros((2 * max(SIZES), 1), np.int64)
     ring_logp = np.zeros((2 * max(SIZES), 1), np.float32)
     out: dict[int, float] = {}
@@ -82,6 +96,7 @@ def server_latency(mode: str, iters: int) -> dict[int, float]:
             if i >= 10:
                 times.append(time.perf_counter() - t0)
         out[size] = statistics.median(times)
+    step.close()
     return out
 
 

@@ -58,6 +58,7 @@ def test_every_mode_keeps_every_invariant(transport, mode):
     assert bool((data["on_cuda"] == 1).all())
     check_counting_streams(data)
     assert stats["phase_seconds"]["h2d"] > 0 and stats["phase_seconds"]["d2h"] > 0
+    assert stats["gathers_on_device"], "the ring was not page-locked for a GPU-side gather"
     assert 0 < stats["request_latency_p50"] <= stats["request_latency_p95"]
 
 
@@ -214,3 +215,26 @@ def test_an_uncapturable_policy_fails_at_construction_with_a_clear_error():
 
     with pytest.raises(ValueError, match="capturing the action step as a CUDA graph"):
         make(policy=Syncs(), cuda_graph=True)
+
+
+def test_gathering_on_the_device_matches_the_host_gather():
+    import mmap
+
+    rows = 40
+    storage = mmap.mmap(-1, rows * 2 * 4 * 84 * 84)
+    ring = np.frombuffer(storage, dtype=np.uint8).reshape(rows, 2, 4, 84, 84)
+    ring[...] = np.random.default_rng(2).integers(0, 256, ring.shape, dtype=np.uint8)
+    flat = np.array([7, 3, 39, 0, 12])
+    results = []
+    for register in (True, False):
+        step = conv_step(ConvPolicy(), cuda_graph=True)
+        step.attach({(): ring}, register=register)
+        assert step.gathers_on_device == register
+        n = step.load(flat)
+        assert n == 10
+        results.append({k: v.copy() for k, v in step.run(n)[0].items()})
+        step.close()
+    assert np.array_equal(results[0][("logits",)], results[1][("logits",)])
+    direct = conv_step(ConvPolicy(), cuda_graph=True)
+    direct.inputs[()][:10] = ring[flat].reshape(10, 4, 84, 84)
+    assert np.array_equal(direct.run(10)[0][("logits",)], results[0][("logits",)])

@@ -103,11 +103,9 @@ class InferenceServer:
         self._k = envs_per_worker
         self._batching = batching
         self._max_requests = max(1, batching.max_batch_size // envs_per_worker)
-        # Each observation field seen as [workers * positions, envs_per_worker, ...], so one
-        # np.take with flat indices gathers a batch.
-        self._obs_fields = {
-            path: _flat(end.buffers[("observation", *path)]) for path in runner.paths
-        }
+        # Each observation field seen as [workers * positions, envs_per_worker, ...], so a
+        # batch is the rows at flat indices worker * positions + position.
+        step.attach({path: _flat(end.buffers[("observation", *path)]) for path in runner.paths})
         self._positions = end.buffers[("policy_version",)].shape[1]
         if step.capacity < max(batching.max_batch_size, envs_per_worker):
             raise ValueError(f"the action step holds {step.capacity} rows, fewer than a batch")
@@ -136,10 +134,12 @@ class InferenceServer:
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop the server thread (idempotent)."""
+        """Stop the server thread and release the step's hold on the ring (idempotent)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._step.close()
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> int:
         """Copy ``state_dict`` into the served policy in place, between batches.
@@ -186,6 +186,7 @@ class InferenceServer:
             "phase_seconds": {k: v / 1e9 for k, v in self._phase_ns.items()},
             "request_latency_p50": p50,
             "request_latency_p95": p95,
+            "gathers_on_device": self._step.gathers_on_device,
         }
 
     # ---------------------------------------------------------------- the loop
@@ -257,10 +258,7 @@ class InferenceServer:
         t0 = clock()
         workers = np.fromiter((b[0] for b in batch), dtype=np.intp, count=n)
         positions = np.fromiter((b[1] for b in batch), dtype=np.intp, count=n)
-        flat = workers * self._positions + positions
-        for path, field in self._obs_fields.items():
-            out = self._step.inputs[path][:rows].reshape(n, *field.shape[1:])
-            np.take(field, flat, axis=0, out=out, mode="clip")  # indices are valid
+        self._step.load(workers * self._positions + positions)
         t1 = clock()
         with self._weights_lock:
             outputs, (h2d, d2h) = self._step.run(rows)

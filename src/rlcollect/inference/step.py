@@ -1,18 +1,23 @@
-"""The action step: observations in host buffers → policy → outputs in host buffers.
+"""The action step: observations in the ring → policy → outputs in host buffers.
 
-The server gathers a batch's observations into ``step.inputs`` (host arrays of
-``capacity`` rows) and calls ``step.run(rows)``, which returns the outputs as host
-arrays of ``rows`` rows, valid until the next call. The strategy is chosen once, at
-construction:
+The server binds the step to the ring once (``attach``), then per batch calls
+``load(flat)`` with the flat ring indices ``worker * positions + position`` of the
+batch's requests and ``run(rows)``, which returns the outputs as host arrays of
+``rows`` rows, valid until the next call. The strategy is chosen once, at construction:
 
 ``HostStep`` (policy on the CPU)
-    The policy reads the gathered rows in place; nothing more is copied.
+    ``load`` gathers the rows with one ``np.take`` per observation field into buffers
+    the policy then reads in place.
 
 ``DeviceStep`` (policy on a CUDA device)
-    ``inputs`` are page-locked, so the host→device copy is one asynchronous copy per
-    observation field; outputs come back the same way into page-locked arrays, and the
-    server thread waits once per batch, on one event, never per request. Everything
-    runs on the server's own CUDA stream. Optionally:
+    ``attach`` page-locks the ring's observation fields where it is their own memory
+    (``cudaHostRegister``, mapped), and the gather then runs on the GPU: one
+    ``index_select`` per field reads the batch's rows straight out of host memory over
+    the bus, so the CPU copies nothing. Where registration is refused, ``load``
+    gathers into page-locked staging buffers and ``run`` copies them up asynchronously.
+    Outputs come back into page-locked arrays; the server thread waits once per batch,
+    on one event, never per request. Everything runs on the server's own CUDA stream.
+    Optionally:
 
     * ``compile``: the action step goes through ``torch.compile``; each padded batch
       size is compiled during construction (warm-up), never in the middle of collection.
@@ -58,15 +63,37 @@ def buckets_for(capacity: int) -> list[int]:
 
 
 class ActionStep(ABC):
-    """Runs the policy on the first ``rows`` rows of ``inputs``."""
+    """Gathers a batch out of the ring and runs the policy on it."""
 
-    #: Host buffers the server gathers observations into, ``[capacity, *shape]``.
-    inputs: dict[Path, np.ndarray]
+    #: Most rows one batch may hold.
     capacity: int
+    #: Host buffers a host-side gather writes into, ``[capacity, *shape]``.
+    inputs: dict[Path, np.ndarray]
+
+    @property
+    def gathers_on_device(self) -> bool:
+        """True when batches are gathered on the GPU from the page-locked ring."""
+        return False
+
+    def attach(self, rings: Mapping[Path, np.ndarray]) -> None:
+        """Bind to the ring: each observation field as ``[workers * positions, k, ...]``."""
+        self._rings = dict(rings)
+
+    def load(self, flat: np.ndarray) -> int:
+        """Gather the rows of requests ``flat`` (flat ring indices); returns the row count."""
+        rows = 0
+        for path, ring in self._rings.items():
+            rows = len(flat) * ring.shape[1]
+            out = self.inputs[path][:rows].reshape(len(flat), *ring.shape[1:])
+            np.take(ring, flat, axis=0, out=out, mode="clip")  # the indices are valid
+        return rows
 
     @abstractmethod
     def run(self, rows: int) -> tuple[dict[Key, np.ndarray], StepTimes]:
-        """Outputs ``[rows, ...]`` by key (valid until the next call), and phase times."""
+        """Outputs ``[rows, ...]`` by key (valid until the next call), and copy times."""
+
+    def close(self) -> None:  # noqa: B027 (most steps hold nothing to release)
+        """Release what ``attach`` took (page-locking). Idempotent."""
 
 
 class HostStep(ActionStep):
@@ -120,6 +147,13 @@ class DeviceStep(ActionStep):
             for key, f in outputs.items()
         }
         self._out_np = {key: t.numpy() for key, t in self._pinned_out.items()}
+        self._device = device
+        self._ring_views: dict[Path, torch.Tensor] = {}
+        self._registered: list[int] = []
+        self._index_pin = torch.empty(cap, dtype=torch.int64, pin_memory=True)
+        self._index_np = self._index_pin.numpy()
+        self._index_dev = torch.empty(cap, dtype=torch.int64, device=device)
+        self._requests = 0
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._events = [
             torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -141,6 +175,52 @@ class DeviceStep(ActionStep):
                 self._capture()
         self._stream.synchronize()
 
+    @property
+    def gathers_on_device(self) -> bool:
+        return bool(self._ring_views)
+
+    def attach(self, rings: Mapping[Path, np.ndarray], *, register: bool = True) -> None:
+        """Bind to the ring; page-lock it for a GPU-side gather unless ``register=False``."""
+        super().attach(rings)
+        self._ring_views = {}
+        self._registered = []
+        if not register:
+            return
+        for path, ring in rings.items():
+            view = _register(ring, self._device)
+            if view is None:  # refused (not pinnable here): gather on the host instead
+                self.close()
+                self._ring_views = {}
+                return
+            self._registered.append(ring.ctypes.data)
+            self._ring_views[path] = view
+
+    def load(self, flat: np.ndarray) -> int:
+        if not self._ring_views:
+            return super().load(flat)
+        n = len(flat)
+        self._index_np[:n] = flat
+        self._requests = n
+        return n * int(next(iter(self._ring_views.values())).shape[1])
+
+    def close(self) -> None:
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        for ptr in self._registered:
+            cudart.cudaHostUnregister(ptr)
+        self._registered = []
+
+    def _copy_up(self, rows: int) -> None:
+        if self._ring_views:
+            n = self._requests
+            index = self._index_dev[:n]
+            index.copy_(self._index_pin[:n], non_blocking=True)
+            for path, ring in self._ring_views.items():
+                out = self._device_in[path][:rows].view(n, *ring.shape[1:])
+                torch.index_select(ring, 0, index, out=out)
+        else:
+            for path, src in self._pinned_in.items():
+                self._device_in[path][:rows].copy_(src[:rows], non_blocking=True)
+
     def _inputs_of(self, size: int) -> dict[Path, torch.Tensor]:
         return {path: t[:size] for path, t in self._device_in.items()}
 
@@ -158,8 +238,7 @@ class DeviceStep(ActionStep):
         size = self._bucket(rows) if self._pad else rows
         with torch.cuda.stream(self._stream), torch.inference_mode():
             e0.record()
-            for path, src in self._pinned_in.items():
-                self._device_in[path][:rows].copy_(src[:rows], non_blocking=True)
+            self._copy_up(rows)
             e1.record()
             if size in self._graphs:
                 graph, out = self._graphs[size]
@@ -183,6 +262,33 @@ class DeviceStep(ActionStep):
     def synchronize(self) -> None:
         """Wait for everything queued on the server's stream (used around weight updates)."""
         self._stream.synchronize()
+
+
+class _CudaArray:
+    """A page-locked, mapped host range, presented to torch as CUDA memory (UVA)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": array.shape,
+            "typestr": array.dtype.str,
+            "data": (array.ctypes.data, False),
+            "version": 3,
+        }
+
+
+def _register(array: np.ndarray, device: torch.device) -> torch.Tensor | None:
+    """Page-lock ``array`` (contiguous, page-aligned) and view it from the GPU, or None."""
+    if not array.flags.c_contiguous:
+        return None
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    mapped_portable = 0x02 | 0x01  # cudaHostRegisterMapped | cudaHostRegisterPortable
+    if int(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, mapped_portable)) != 0:
+        return None
+    try:
+        return torch.as_tensor(_CudaArray(array), device=device)
+    except Exception:
+        cudart.cudaHostUnregister(array.ctypes.data)
+        return None
 
 
 def _torch_dtype(field: Field) -> torch.dtype:

@@ -20,7 +20,8 @@ __all__ = ["Field", "Key", "RingLayout"]
 
 Key = tuple[str, ...]
 
-_ALIGN = 64  # a cache line: no two fields share one, so writers never false-share
+_ALIGN = 4096  # a page: no two fields share a cache line (no false sharing), and each
+# field can be page-locked (cudaHostRegister) on its own
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,10 @@ every later wait sees it too.
 
 from __future__ import annotations
 
+import mmap
 import queue
 import threading
 from collections.abc import Sequence
-
-import numpy as np
 
 from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
 from rlcollect.transports.base import (
@@ -41,7 +40,9 @@ _Token = tuple[int, int] | None
 
 class _Server(ServerEnd):
     def __init__(self, layout: RingLayout) -> None:
-        self._storage = np.zeros(layout.nbytes, dtype=np.uint8)
+        # Anonymous mmap rather than np.zeros: page-aligned (zeroed) memory, so the
+        # fields can be page-locked one by one for a GPU-side gather.
+        self._storage = mmap.mmap(-1, layout.nbytes)
         self.buffers = layout.views(self._storage)
         self.requests: queue.SimpleQueue[_Token] = queue.SimpleQueue()
         self.chunks: queue.SimpleQueue[_Token] = queue.SimpleQueue()
