@@ -28,6 +28,17 @@ class CountingPolicy(torch.nn.Module):
         return {"action": action, "value": obs[:, 2].float() * self.scale}
 
 
+class ConstantPolicy(torch.nn.Module):
+    """Always the action ``round(value)``: a weight update shows in every action."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = torch.nn.Parameter(torch.tensor(float(value)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value.expand(obs.shape[0]).round().long()
+
+
 def counting_envs(n: int, **kwargs: Any) -> list[Callable[[], CountingEnv]]:
     return [functools.partial(CountingEnv, i, **kwargs) for i in range(n)]
 

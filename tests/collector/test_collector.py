@@ -10,6 +10,7 @@ import pytest
 import torch
 from envs import DictObsEnv, StepCounter, TorchProbeEnv, cartpole
 from helpers import (
+    ConstantPolicy,
     CountingPolicy,
     check_counting_streams,
     collect,
@@ -185,15 +186,6 @@ def test_reproducible_across_transports_chunks_and_batches():
 
 
 # ------------------------------------------------------------------ weights and versions
-
-
-class ConstantPolicy(torch.nn.Module):
-    def __init__(self, value):
-        super().__init__()
-        self.value = torch.nn.Parameter(torch.tensor(float(value)))
-
-    def forward(self, obs):
-        return self.value.expand(obs.shape[0]).round().long()
 
 
 def test_weight_updates_are_versioned(transport):
@@ -421,3 +413,43 @@ def test_replay_buffer_receives_every_batch(transport):
     with make(transport, replay_buffer=rb, total_frames=100) as c:
         yielded = collect(c)
     assert torch.equal(torch.cat(rb.parts)["observation"], yielded["observation"])
+
+
+CTRL_C_DRIVER = """
+import functools, sys
+from rlcollect import AsyncBatchedCollector
+from rlcollect.testing import CountingEnv
+sys.path.insert(0, {tests!r})
+from helpers import CountingPolicy
+c = AsyncBatchedCollector([functools.partial(CountingEnv, i) for i in range(3)],
+                          CountingPolicy(), frames_per_batch=8, total_frames=-1,
+                          transport="process_slots", policy_device="cpu")
+it = iter(c)
+next(it)
+print(c.transport.shm_name, *c.transport.pids, flush=True)
+for _ in it:
+    pass
+"""
+
+
+def test_ctrl_c_in_the_driver_leaves_nothing_behind():
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    script = CTRL_C_DRIVER.format(tests=str(Path(__file__).resolve().parents[1]))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        name, *pids = driver.stdout.readline().split()
+        assert pids, driver.stderr.read()
+        os.kill(driver.pid, signal.SIGINT)
+        _, err = driver.communicate(timeout=20)
+    finally:
+        driver.kill()
+    assert driver.returncode != 0
+    assert "KeyboardInterrupt" in err, err[-2000:]
+    wait_until(lambda: all(process_gone(int(p)) for p in pids), what="worker processes")
+    assert not shm_exists(name)

@@ -7,7 +7,14 @@ reaching captured graphs; policies that write their own inputs.
 import numpy as np
 import pytest
 import torch
-from helpers import CountingPolicy, check_counting_streams, collect, counting_envs, streams
+from helpers import (
+    ConstantPolicy,
+    CountingPolicy,
+    check_counting_streams,
+    collect,
+    counting_envs,
+    streams,
+)
 from tensordict.nn import TensorDictModule, TensorDictSequential
 
 from rlcollect import AsyncBatchedCollector
@@ -147,15 +154,6 @@ def test_sampling_inside_a_graph_stays_random():
 
 
 # ---------------------------------------------------------------- weights and inputs
-
-
-class ConstantPolicy(torch.nn.Module):
-    def __init__(self, value):
-        super().__init__()
-        self.value = torch.nn.Parameter(torch.tensor(float(value)))
-
-    def forward(self, obs):
-        return self.value.expand(obs.shape[0]).round().long()
 
 
 @pytest.mark.parametrize("mode", ["graph", "compiled+graph"])

@@ -243,7 +243,6 @@ class AsyncBatchedCollector:
 
         self._transport = transport_obj
         self._closed = False
-        self._finalizer = weakref.finalize(self, _shutdown_parts, transport_obj, None)
         try:
             self._end: ServerEnd = transport_obj.start(layout, programs)
             self._server = InferenceServer(
@@ -254,12 +253,13 @@ class AsyncBatchedCollector:
                 batching=batching,
                 output_keys=frozenset(f.key for f in (action_field, *extra_fields)),
             )
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _shutdown_parts, transport_obj, self._server)
             self._server.start()
         except BaseException:
             self.shutdown()
             raise
+        # Shuts everything down if the collector is garbage-collected (or still open at
+        # interpreter exit); it holds no reference to the collector itself.
+        self._finalizer = weakref.finalize(self, _shutdown_parts, transport_obj, self._server)
         self._builder = BatchBuilder(
             layout, self._end.buffers, frames_per_batch=frames_per_batch, total_frames=total_frames
         )
