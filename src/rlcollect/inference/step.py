@@ -259,10 +259,6 @@ class DeviceStep(ActionStep):
                 return size
         raise ValueError(f"batch of {rows} rows exceeds the step's capacity {self.capacity}")
 
-    def synchronize(self) -> None:
-        """Wait for everything queued on the server's stream (used around weight updates)."""
-        self._stream.synchronize()
-
 
 class _CudaArray:
     """A page-locked, mapped host range, presented to torch as CUDA memory (UVA)."""
