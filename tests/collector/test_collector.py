@@ -453,3 +453,24 @@ def test_ctrl_c_in_the_driver_leaves_nothing_behind():
     assert "KeyboardInterrupt" in err, err[-2000:]
     wait_until(lambda: all(process_gone(int(p)) for p in pids), what="worker processes")
     assert not shm_exists(name)
+
+
+def test_collectors_in_a_loop_leak_no_fds_processes_or_segments(transport):
+    import os
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    def segments():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("rlc_")}
+
+    with make(transport, total_frames=64) as c:  # warm up imports and lazy state
+        list(c)
+    before_fds, before_segments, before_threads = fds(), segments(), threading.active_count()
+    for _ in range(5):
+        with make(transport, total_frames=-1) as c:
+            next(c)
+        check_clean(c)
+    assert fds() == before_fds
+    assert segments() == before_segments
+    wait_until(lambda: threading.active_count() == before_threads, what="threads to end")
