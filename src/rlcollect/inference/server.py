@@ -11,7 +11,8 @@ Each pass of its loop is a few named, timed phases::
              a CUDA graph replay)             │ never change during it
     d2h      device → host copy of outputs    ┘
     scatter  actions and extra outputs, stamped with the weights version, written back
-             at each (worker, position); then each worker is woken
+             at each (worker, position)
+    respond  each served worker is woken (one message each)
 
 A request holds the observations of all ``envs_per_worker`` envs of one worker, so a
 batch is a whole number of requests: at most ``max_batch_size`` rows, and never less
@@ -44,7 +45,7 @@ __all__ = ["BatchingConfig", "InferenceServer"]
 
 Path = tuple[str, ...]
 _IDLE_WAIT = 0.05  # seconds between checks of the stop flag when no request comes
-PHASES = ("wait", "gather", "h2d", "forward", "d2h", "scatter")
+PHASES = ("wait", "gather", "h2d", "forward", "d2h", "scatter", "respond")
 _LATENCIES = 1 << 14  # request latencies kept for the percentiles (a ring)
 
 
@@ -279,8 +280,9 @@ class InferenceServer:
                 )
             dst[workers, positions] = src.reshape(n, *dst.shape[2:])
         self._version_field[workers, positions] = version
-        self._end.respond([int(w) for w in workers])
         t3 = clock()
+        self._end.respond([int(w) for w in workers])
+        t4 = clock()
         done = time.perf_counter()
         for b in batch:
             self._latencies[self._served % _LATENCIES] = done - b[2]
@@ -293,6 +295,7 @@ class InferenceServer:
         phase["d2h"] += int(d2h * 1e9)
         phase["forward"] += max(0, step_ns - int((h2d + d2h) * 1e9))
         phase["scatter"] += t3 - t2
+        phase["respond"] += t4 - t3
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
