@@ -63,3 +63,11 @@ class OtherActions(CountingEnv):
 class WrongShape(CountingEnv):
     def _obs(self):
         return np.zeros(3, np.int64)
+
+
+def frozen_lake():
+    return gym.make("FrozenLake-v1")
+
+
+def pendulum():
+    return gym.make("Pendulum-v1")

@@ -474,3 +474,55 @@ def test_collectors_in_a_loop_leak_no_fds_processes_or_segments(transport):
     assert fds() == before_fds
     assert segments() == before_segments
     wait_until(lambda: threading.active_count() == before_threads, what="threads to end")
+
+
+class FrozenLakePolicy(torch.nn.Module):
+    def forward(self, obs):  # obs: [B] int64 cell index
+        return obs % 4
+
+
+class PendulumPolicy(torch.nn.Module):
+    def forward(self, obs):  # obs: [B, 3] float32 → action [B, 1] float32
+        return {"action": obs[:, :1].clamp(-2, 2) * 0.5}
+
+
+def test_scalar_observations_of_a_discrete_space(transport):
+    from envs import frozen_lake
+
+    with AsyncBatchedCollector(
+        [frozen_lake] * 3,
+        FrozenLakePolicy(),
+        frames_per_batch=20,
+        total_frames=60,
+        transport=transport,
+        policy_device="cpu",
+    ) as c:
+        data = collect(c)
+    assert data["observation"].shape == (60,) and data["observation"].dtype == torch.int64
+    assert torch.equal(data["action"], data["observation"] % 4)
+    for rows in streams(data).values():
+        inner = ~rows["next", "done"][:-1]
+        assert torch.equal(rows["next", "observation"][:-1][inner], rows["observation"][1:][inner])
+
+
+def test_box_actions_with_more_envs_per_worker_than_max_batch_size(transport):
+    from envs import pendulum
+
+    with AsyncBatchedCollector(
+        [pendulum] * 4,
+        PendulumPolicy(),
+        frames_per_batch=100,
+        total_frames=900,
+        transport=transport,
+        envs_per_worker=4,
+        max_batch_size=2,
+        policy_device="cpu",
+    ) as c:
+        data = collect(c)
+        sizes = c.stats()["server"]["batch_sizes"]
+    assert set(sizes) == {4}  # a request is never split: one worker's 4 envs per batch
+    assert data["action"].shape == (900, 1) and data["action"].dtype == torch.float32
+    assert torch.allclose(data["action"], data["observation"][:, :1].clamp(-2, 2) * 0.5)
+    ends = data[data["next", "done"]]
+    assert bool(ends["next", "truncated"].all()) and ends.numel() >= 4  # 200-step limit
+    assert torch.equal(ends["step"], torch.full_like(ends["step"], 199))

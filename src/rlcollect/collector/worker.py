@@ -99,7 +99,8 @@ class _ObservationWriter:
                     f"observation_space says {dst.shape[2:]}"
                 )
             try:
-                np.copyto(dst[position, env], arr, casting="same_kind")
+                # `[position, env, ...]` stays a (0-d) view for scalar observations (Discrete)
+                np.copyto(dst[position, env, ...], arr, casting="same_kind")
             except TypeError as exc:
                 raise EnvError(env_index, "the observation check") from exc
 
