@@ -15,8 +15,9 @@ batch's requests and ``run(rows)``, which returns the outputs as host arrays of
     ``index_select`` per field reads the batch's rows straight out of host memory over
     the bus, so the CPU copies nothing. (Safe under the ring's protocol: the kernel is
     launched only after the server has read the rows' request messages, and device
-    reads of page-locked host memory see what the CPUs wrote.) Where registration is refused, ``load``
-    gathers into page-locked staging buffers and ``run`` copies them up asynchronously.
+    reads of page-locked host memory see what the CPUs wrote.) Where registration is
+    refused, ``load`` gathers into page-locked staging buffers and ``run`` copies them
+    up asynchronously.
     Outputs come back into page-locked arrays; the server thread waits once per batch,
     on one event, never per request. Everything runs on the server's own CUDA stream.
     Optionally:
