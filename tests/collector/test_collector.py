@@ -337,6 +337,16 @@ def test_shutdown_is_idempotent_and_leaves_nothing(transport):
     check_clean(c)
 
 
+def test_weights_can_be_pushed_after_every_batch_including_the_last(transport):
+    policy = CountingPolicy()
+    with make(transport, policy=policy, total_frames=96) as c:
+        versions = []
+        for _batch in c:
+            versions.append(c.update_policy_weights_(policy))
+    assert versions == [1, 2, 3]
+    check_clean(c)
+
+
 def test_budget_end_shuts_down_by_itself(transport):
     c = make(transport, total_frames=64)
     assert len(list(c)) == 2

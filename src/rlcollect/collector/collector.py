@@ -298,8 +298,8 @@ class AsyncBatchedCollector:
         self._batches += 1
         if self._replay_buffer is not None:
             self._replay_buffer.extend(batch)
-        if self._builder.exhausted and not self._builder.ready:
-            self.shutdown()  # the budget is met: free workers and memory now
+        # Even after the last batch the collector stays up until the next call finds the
+        # budget met: the caller may still push weights for that batch.
         return batch
 
     def _raise_server_error(self) -> None:
