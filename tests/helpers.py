@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from rlcollect import AsyncBatchedCollector
 from rlcollect.testing import EPISODE, LAST_ACTION, STEP, CountingEnv, episode_length
 
 
@@ -41,6 +42,18 @@ class ConstantPolicy(torch.nn.Module):
 
 def counting_envs(n: int, **kwargs: Any) -> list[Callable[[], CountingEnv]]:
     return [functools.partial(CountingEnv, i, **kwargs) for i in range(n)]
+
+
+def counting_collector(
+    transport: str, policy: torch.nn.Module | None = None, n: int = 4, **kwargs: Any
+) -> AsyncBatchedCollector:
+    """A collector over ``n`` CountingEnvs; ``kwargs`` go to the constructor."""
+    kwargs.setdefault("frames_per_batch", 32)
+    kwargs.setdefault("total_frames", 320)
+    kwargs.setdefault("policy_device", "cpu")
+    return AsyncBatchedCollector(
+        counting_envs(n), policy or CountingPolicy(), transport=transport, **kwargs
+    )
 
 
 def collect(collector: Iterable[TensorDict]) -> TensorDict:

@@ -14,6 +14,7 @@ from helpers import (
     CountingPolicy,
     check_counting_streams,
     collect,
+    counting_collector,
     counting_envs,
     process_gone,
     shm_exists,
@@ -27,15 +28,7 @@ from rlcollect.testing import CountingEnv
 
 
 def make(transport, n=4, policy=None, **kwargs):
-    kwargs.setdefault("frames_per_batch", 32)
-    kwargs.setdefault("total_frames", 320)
-    return AsyncBatchedCollector(
-        counting_envs(n),
-        policy or CountingPolicy(),
-        transport=transport,
-        policy_device="cpu",
-        **kwargs,
-    )
+    return counting_collector(transport, policy, n, **kwargs)
 
 
 # ------------------------------------------------------------------ budgets and keys

@@ -12,6 +12,7 @@ from helpers import (
     CountingPolicy,
     check_counting_streams,
     collect,
+    counting_collector,
     counting_envs,
     streams,
 )
@@ -38,13 +39,7 @@ MODES = {
 def make(transport="process_slots", policy=None, n=6, **kwargs):
     kwargs.setdefault("frames_per_batch", 60)
     kwargs.setdefault("total_frames", 1200)
-    return AsyncBatchedCollector(
-        counting_envs(n),
-        policy or CountingPolicy(),
-        transport=transport,
-        policy_device="cuda",
-        **kwargs,
-    )
+    return counting_collector(transport, policy, n, policy_device="cuda", **kwargs)
 
 
 class DevicePolicy(CountingPolicy):
