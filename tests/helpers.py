@@ -40,6 +40,26 @@ class ConstantPolicy(torch.nn.Module):
         return self.value.expand(obs.shape[0]).round().long()
 
 
+def check_weight_update(
+    make: Callable[[torch.nn.Module], AsyncBatchedCollector], before: int = 3, after: int = 30
+) -> None:
+    """Actions switch from 1 to 4 exactly where the stamped version goes from 0 to 1."""
+    policy = ConstantPolicy(1)
+    with make(policy) as c:
+        assert c.policy_version == 0
+        first = [next(c) for _ in range(before)]
+        with torch.no_grad():
+            policy.value.fill_(4)
+        assert c.update_policy_weights_(policy) == 1
+        later = [next(c) for _ in range(after)]
+    data = torch.cat([*first, *later])
+    version = data["policy_version"]
+    assert set(version.unique().tolist()) == {0, 1}
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
+    for rows in streams(data).values():  # per env, versions never go back
+        assert bool((rows["policy_version"].diff() >= 0).all())
+
+
 def counting_envs(n: int, **kwargs: Any) -> list[Callable[[], CountingEnv]]:
     return [functools.partial(CountingEnv, i, **kwargs) for i in range(n)]
 

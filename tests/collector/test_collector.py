@@ -10,9 +10,9 @@ import pytest
 import torch
 from envs import DictObsEnv, StepCounter, TorchProbeEnv, cartpole
 from helpers import (
-    ConstantPolicy,
     CountingPolicy,
     check_counting_streams,
+    check_weight_update,
     collect,
     counting_collector,
     counting_envs,
@@ -182,21 +182,11 @@ def test_reproducible_across_transports_chunks_and_batches():
 
 
 def test_weight_updates_are_versioned(transport):
-    policy = ConstantPolicy(1)
-    with make(transport, policy=policy, frames_per_batch=40, total_frames=-1) as c:
-        assert c.policy_version == 0
-        first = next(c)
-        with torch.no_grad():
-            policy.value.fill_(3)
-        assert c.update_policy_weights_(policy) == 1
-        later = [next(c) for _ in range(20)]
-    data = torch.cat([first, *later])
-    version = data["policy_version"]
-    assert set(version.unique().tolist()) == {0, 1}
-    assert torch.equal(data["action"], torch.where(version == 0, 1, 3))
-    # per env, versions never go back
-    for rows in streams(data).values():
-        assert bool((rows["policy_version"].diff() >= 0).all())
+    check_weight_update(
+        lambda policy: make(transport, policy=policy, frames_per_batch=40, total_frames=-1),
+        before=1,
+        after=20,
+    )
 
 
 def test_update_weights_rejects_mismatched_weights(transport):

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
-    ConstantPolicy,
     CountingPolicy,
     check_counting_streams,
+    check_weight_update,
     collect,
     counting_collector,
     counting_envs,
-    streams,
 )
 from tensordict.nn import TensorDictModule, TensorDictSequential
 
@@ -153,19 +152,9 @@ def test_sampling_inside_a_graph_stays_random():
 
 @pytest.mark.parametrize("mode", ["graph", "compiled+graph"])
 def test_weight_updates_reach_captured_graphs(mode):
-    policy = ConstantPolicy(1)
-    with make(policy=policy, total_frames=-1, frames_per_batch=40, **MODES[mode]) as c:
-        first = [next(c) for _ in range(3)]
-        with torch.no_grad():
-            policy.value.fill_(4)
-        assert c.update_policy_weights_(policy) == 1
-        later = [next(c) for _ in range(30)]
-    data = torch.cat([*first, *later])
-    version = data["policy_version"]
-    assert set(version.unique().tolist()) == {0, 1}
-    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
-    for rows in streams(data).values():
-        assert bool((rows["policy_version"].diff() >= 0).all())
+    check_weight_update(
+        lambda policy: make(policy=policy, total_frames=-1, frames_per_batch=40, **MODES[mode])
+    )
 
 
 class WritesItsInput(CountingPolicy):
