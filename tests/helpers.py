@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -148,3 +149,58 @@ def process_gone(pid: int) -> bool:
 
 def shm_exists(name: str) -> bool:
     return os.path.exists(f"/dev/shm/{name}")
+
+
+class FailingPolicy(torch.nn.Module):
+    """Raises on its ``fail_on_call``-th call; the action is always 0."""
+
+    def __init__(self, fail_on_call: int) -> None:
+        super().__init__()
+        self.calls = 0
+        self.fail_on_call = fail_on_call
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.fail_on_call:
+            raise RuntimeError("policy failed on purpose")
+        return torch.zeros(obs.shape[0], dtype=torch.long)
+
+
+class ListBuffer:
+    """A replay buffer in its simplest form: keeps every batch it is given."""
+
+    def __init__(self) -> None:
+        self.parts: list[TensorDict] = []
+
+    def extend(self, td: TensorDict) -> None:
+        self.parts.append(td)
+
+    def rows(self) -> int:
+        return sum(p.batch_size[0] for p in list(self.parts))
+
+
+def check_clean(c: AsyncBatchedCollector) -> None:
+    """No worker process, thread or segment of ``c`` is left."""
+    t = c.transport
+    if hasattr(t, "pids"):
+        wait_until(lambda: all(process_gone(p) for p in t.pids), what="worker processes")
+        assert not shm_exists(t.shm_name)
+    else:
+        wait_until(
+            lambda: (
+                not any(
+                    th.name.startswith("rlcollect-worker")
+                    for th in threading.enumerate()
+                    if th.is_alive() and th in t._threads
+                )
+            ),
+            what="worker threads",
+        )
+
+
+class UnpicklablePolicy(CountingPolicy):
+    """A CountingPolicy holding a lock, which no pickler can send to another process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()

@@ -11,6 +11,9 @@ import torch
 from envs import DictObsEnv, StepCounter, TorchProbeEnv, cartpole
 from helpers import (
     CountingPolicy,
+    FailingPolicy,
+    ListBuffer,
+    check_clean,
     check_counting_streams,
     check_weight_update,
     collect,
@@ -265,19 +268,6 @@ def test_env_error_in_reset_reaches_the_caller(transport):
     check_clean(c)
 
 
-class FailingPolicy(torch.nn.Module):
-    def __init__(self, fail_on_call):
-        super().__init__()
-        self.calls = 0
-        self.fail_on_call = fail_on_call
-
-    def forward(self, obs):
-        self.calls += 1
-        if self.calls == self.fail_on_call:
-            raise RuntimeError("policy failed on purpose")
-        return torch.zeros(obs.shape[0], dtype=torch.long)
-
-
 def test_policy_error_reaches_the_caller(transport):
     c = make(transport, policy=FailingPolicy(fail_on_call=20), total_frames=-1, frames_per_batch=4)
     with pytest.raises(InferenceError, match="policy failed on purpose") as info:
@@ -297,19 +287,6 @@ def test_policy_error_unblocks_workers_without_a_consumer():
     with pytest.raises(InferenceError):
         next(c)
     c.shutdown()
-
-
-def check_clean(c):
-    t = c.transport
-    if hasattr(t, "pids"):
-        wait_until(lambda: all(process_gone(p) for p in t.pids), what="worker processes")
-        assert not shm_exists(t.shm_name)
-    else:
-        assert not any(
-            th.name.startswith("rlcollect-worker")
-            for th in threading.enumerate()
-            if th.is_alive() and th in t._threads
-        )
 
 
 def test_shutdown_is_idempotent_and_leaves_nothing(transport):
@@ -395,13 +372,6 @@ def test_in_flight_transitions_are_bounded_for_a_slow_consumer():
 
 
 def test_replay_buffer_receives_every_batch(transport):
-    class ListBuffer:
-        def __init__(self):
-            self.parts = []
-
-        def extend(self, td):
-            self.parts.append(td)
-
     rb = ListBuffer()
     with make(transport, replay_buffer=rb, total_frames=100) as c:
         yielded = collect(c)

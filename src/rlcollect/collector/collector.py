@@ -15,11 +15,14 @@ as long as the caller iterates.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import math
+import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
@@ -36,9 +39,11 @@ from rlcollect.collector.worker import (
     transition_fields,
 )
 from rlcollect.errors import ChannelClosed, CollectorError
+from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner, output_fields
+from rlcollect.inference.process import InferenceConfig, ProcessInference, WeightsLayout
 from rlcollect.inference.server import BatchingConfig, InferenceServer
-from rlcollect.inference.step import ActionStep, DeviceStep, HostStep
+from rlcollect.inference.step import build_action_step
 from rlcollect.transports.base import ServerEnd, Transport
 from rlcollect.transports.layout import Field, RingLayout
 from rlcollect.transports.process_slots import ProcessSlotTransport
@@ -54,6 +59,8 @@ _TRANSPORTS: dict[str, Callable[[], Transport]] = {
 _SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
 _AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
 _POLL = 0.1  # seconds between liveness checks while waiting for chunks
+_BACKENDS = ("thread", "process")
+_JOIN_TIMEOUT = 10.0  # seconds shutdown() waits for the background thread's last write
 
 
 class AsyncBatchedCollector:
@@ -75,6 +82,12 @@ class AsyncBatchedCollector:
             action tensor or a mapping holding ``action``) or a ``TensorDictModule``
             whose ``out_keys`` include ``action``. The collector serves a deep copy on
             ``policy_device``; push new weights with :meth:`update_policy_weights_`.
+            With ``inference_backend="process"`` it travels to the inference process
+            with cloudpickle.
+        policy_factory: instead of ``policy``, a zero-argument callable that builds it
+            (called once in the driver to learn the policy's outputs, and once in the
+            inference process with ``inference_backend="process"``, so the policy need
+            not be picklable, only the factory). Give exactly one of the two.
         frames_per_batch: transitions per yielded batch.
         total_frames: transitions to deliver in all, or -1 to collect until
             :meth:`shutdown`.
@@ -106,8 +119,25 @@ class AsyncBatchedCollector:
             synchronisation, no data-dependent control flow); weights pushed with
             :meth:`update_policy_weights_` are copied in place, so graphs stay valid.
             Needs a CUDA ``policy_device``.
-        replay_buffer: anything with ``.extend(tensordict)``; every batch is written to
-            it before it is yielded.
+        inference_backend: where the server runs and how weights reach it.
+            ``"thread"``: a thread of this process; weights are copied into the served
+            policy in place. ``"process"``: a process of its own (needs
+            ``transport="process_slots"``), so a learner in this process never holds up
+            inference by holding the GIL; weights travel through shared memory, two
+            versions in flight at most. Either way an update lands between two
+            inference batches, and each transition carries the version that chose it.
+        replay_buffer: an :class:`rlcollect.ReplayBuffer`, or anything with
+            ``.extend(tensordict)`` (a TorchRL replay buffer, say); every batch is
+            written to it, in one call, before it is yielded. Needed by :meth:`start`.
+        train_ratio: rows the learner samples from ``replay_buffer`` per row collected
+            (DreamerV3 uses 2 to 16). Collection then waits for the learner instead of
+            running ahead: a batch is written only once the learner has sampled
+            ``train_ratio`` times the rows collected before it, so collection leads by
+            one batch at most. Needs an :class:`rlcollect.ReplayBuffer`, which counts
+            the rows sampled from it. Default None: unthrottled.
+        learning_starts: rows collected without waiting for the learner (fill the
+            buffer before learning); only with ``train_ratio``. The learner must be
+            able to start sampling after this many rows, or both wait for each other.
         seed: env ``i`` is reset with ``seed + i`` the first time; None leaves envs
             unseeded.
 
@@ -129,8 +159,9 @@ class AsyncBatchedCollector:
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
-        policy: torch.nn.Module,
+        policy: torch.nn.Module | None = None,
         *,
+        policy_factory: Callable[[], torch.nn.Module] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
         transport: str | Transport = "process_slots",
@@ -142,13 +173,23 @@ class AsyncBatchedCollector:
         policy_device: str | torch.device | None = None,
         compile: bool | Mapping[str, Any] = False,
         cuda_graph: bool = False,
+        inference_backend: str = "thread",
         replay_buffer: Any = None,
+        train_ratio: float | None = None,
+        learning_starts: int = 0,
         seed: int | None = 0,
     ) -> None:
         self._closed = True  # until everything is up: shutdown() must work at any point
         self._transport: Transport | None = None
-        self._server: InferenceServer | None = None
+        self._server: InferenceBackend | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._shutdown_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._background: threading.Thread | None = None
+        self._background_error: BaseException | None = None
+        self._finished = threading.Event()  # background collection has ended
+        self._pause_requested = threading.Event()
+        self._quiet = threading.Event()  # the background thread holds at a quiet point
 
         env_fns = _check_env_fns(env_fns)
         num_envs = len(env_fns)
@@ -171,6 +212,7 @@ class AsyncBatchedCollector:
                 f"replay_buffer must have an extend(tensordict) method; got "
                 f"{type(replay_buffer).__name__}"
             )
+        _check_train_ratio(train_ratio, learning_starts, replay_buffer)
         batching = BatchingConfig(
             max_batch_size=num_envs if max_batch_size is None else max_batch_size,
             min_batch_size=min_batch_size,
@@ -188,22 +230,41 @@ class AsyncBatchedCollector:
                 f"compile and cuda_graph need a CUDA policy_device; the policy runs on {device}"
             )
 
+        source = _policy_source(policy, policy_factory, inference_backend, transport_obj)
+
         observation_space, action_space = _probe_spaces(env_fns[0])
         paths, obs_fields = _observation_fields(observation_space)
-        served = _copy_policy(policy, device)
+        if policy is not None:
+            served = _served_policy(policy, device, own=False)
+        else:
+            served = _served_policy(_build_policy(source), device, own=True)
         runner = PolicyRunner(served, device, paths)
         action_field, extra_fields = output_fields(
             _probe_policy(runner, observation_space, paths), action_space
         )
         fields = transition_fields(obs_fields, action_field, extra_fields)
-        step = _action_step(
-            runner,
-            dict(zip(paths, obs_fields, strict=True)),
-            {f.key: f for f in (action_field, *extra_fields)},
-            max(batching.max_batch_size, envs_per_worker),
-            compile_options,
-            cuda_graph,
-        )
+        observations = dict(zip(paths, obs_fields, strict=True))
+        outputs = {f.key: f for f in (action_field, *extra_fields)}
+        capacity = max(batching.max_batch_size, envs_per_worker)
+        step = None
+        if inference_backend == "thread":
+            step = build_action_step(
+                runner, observations, outputs, capacity, compile_options, cuda_graph
+            )
+        else:
+            process_config = InferenceConfig(
+                device=str(device),
+                observation_paths=paths,
+                observations=tuple(observations.items()),
+                outputs=tuple(outputs.items()),
+                envs_per_worker=envs_per_worker,
+                batching=batching,
+                capacity=capacity,
+                compile_options=compile_options,
+                cuda_graph=cuda_graph,
+                weights=WeightsLayout.of(served.state_dict()),
+            )
+            del served, runner  # the inference process builds its own
         num_workers = num_envs // envs_per_worker
         layout = RingLayout(fields, num_workers, envs_per_worker, chunk_steps, _SLOTS)
         programs = [
@@ -234,6 +295,10 @@ class AsyncBatchedCollector:
         #: The transport in use (kept after shutdown, for its diagnostics).
         self.transport: Transport = transport_obj
         self._replay_buffer = replay_buffer
+        self._train_ratio = None if train_ratio is None else float(train_ratio)
+        self._learning_starts = learning_starts
+        self._sampled_at_start = 0 if train_ratio is None else replay_buffer.sampled
+        self._throttle_seconds = 0.0
         self._layout = layout
         self._frames = 0
         self._batches = 0
@@ -245,14 +310,23 @@ class AsyncBatchedCollector:
         self._closed = False
         try:
             self._end: ServerEnd = transport_obj.start(layout, programs)
-            self._server = InferenceServer(
-                runner,
-                step,
-                self._end,
-                envs_per_worker=envs_per_worker,
-                batching=batching,
-                output_keys=frozenset(f.key for f in (action_field, *extra_fields)),
-            )
+            if step is not None:
+                self._server = InferenceServer(
+                    runner,
+                    step,
+                    self._end,
+                    envs_per_worker=envs_per_worker,
+                    batching=batching,
+                    output_keys=frozenset(outputs),
+                )
+            else:
+                assert isinstance(transport_obj, ProcessSlotTransport)
+                self._server = ProcessInference(
+                    transport_obj.request_channel(),
+                    process_config,
+                    source,
+                    policy_is_factory=policy is None,
+                )
             self._server.start()
         except BaseException:
             self.shutdown()
@@ -270,34 +344,52 @@ class AsyncBatchedCollector:
         return self
 
     def __next__(self) -> TensorDict:
-        if self._closed:
-            if self.total_frames != -1 and self._frames >= self.total_frames:
-                raise StopIteration
-            raise CollectorError("the collector is shut down")
-        if self._builder.exhausted and not self._builder.ready:
-            self.shutdown()
-            raise StopIteration
-        t0 = time.perf_counter()
+        self._raise_background_error()
+        if self._background is not None:
+            raise CollectorError(
+                "the collector is collecting in the background (start() was called): "
+                "sample from its replay buffer instead of iterating"
+            )
+        if self._pause_requested.is_set():
+            raise CollectorError("the collector is paused: iterate after the pause() block")
         try:
-            while not self._builder.ready:
-                try:
-                    chunks = self._end.wait_chunks(_POLL)
-                except ChannelClosed:
-                    self._raise_server_error()
-                    raise CollectorError("the transport closed while collecting") from None
-                for worker, slot in chunks:
-                    self._builder.add_chunk(worker, slot)
-                    self._end.release(worker, slot)
-                self._raise_server_error()
+            batch = self._produce()
         except BaseException:
             self.shutdown()
             raise
+        if batch is None:
+            self.shutdown()
+            raise StopIteration
+        return batch
+
+    def _produce(self) -> TensorDict | None:
+        """The next batch, already written to the replay buffer; None once the budget is met."""
+        if self._closed:
+            if self.total_frames != -1 and self._frames >= self.total_frames:
+                return None
+            raise CollectorError("the collector is shut down")
+        if self._builder.exhausted and not self._builder.ready:
+            return None
+        t0 = time.perf_counter()
+        while not self._builder.ready:
+            self._quiet_point()
+            try:
+                chunks = self._end.wait_chunks(_POLL)
+            except ChannelClosed:
+                self._raise_server_error()
+                raise CollectorError("the transport closed while collecting") from None
+            for worker, slot in chunks:
+                self._builder.add_chunk(worker, slot)
+                self._end.release(worker, slot)
+            self._raise_server_error()
         self._wait_seconds += time.perf_counter() - t0
         batch = self._builder.pop()
-        self._frames += batch.batch_size[0]
-        self._batches += 1
+        self._throttle()
+        self._quiet_point()
         if self._replay_buffer is not None:
             self._replay_buffer.extend(batch)
+        self._frames += batch.batch_size[0]
+        self._batches += 1
         # Even after the last batch the collector stays up until the next call finds the
         # budget met: the caller may still push weights for that batch.
         return batch
@@ -305,6 +397,156 @@ class AsyncBatchedCollector:
     def _raise_server_error(self) -> None:
         if self._server is not None and self._server.error is not None:
             raise self._server.error
+
+    # ------------------------------------------------------------------ background
+
+    def start(self) -> None:
+        """Collect in a background thread into the replay buffer, until ``total_frames``
+        are written or :meth:`shutdown`.
+
+        Once ``total_frames`` are written the collector stays up (weights may still be
+        pushed) until :meth:`shutdown`, which the ``with`` block calls.
+
+        An error there is raised in the caller at its next call into the collector
+        (:meth:`update_policy_weights_`, :meth:`stats`, :meth:`pause`, :meth:`join`,
+        :meth:`shutdown`, iteration).
+
+        Raises:
+            CollectorError: without a ``replay_buffer``, when already started, or when
+                shut down.
+        """
+        self._raise_background_error()
+        if self._closed:
+            raise CollectorError("the collector is shut down")
+        if self._replay_buffer is None:
+            raise CollectorError(
+                "start() collects into the replay buffer, and this collector has none: "
+                "pass replay_buffer= or iterate over the collector instead"
+            )
+        if self._background is not None:
+            raise CollectorError("the collector is already collecting in the background")
+        self._background = threading.Thread(
+            target=self._collect_in_background, name="rlcollect-collector", daemon=True
+        )
+        self._background.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for background collection to end (``total_frames`` reached).
+
+        Returns:
+            True once it has ended, False if ``timeout`` seconds passed first.
+
+        Raises:
+            CollectorError: when :meth:`start` was not called; the background error if
+                collection failed.
+        """
+        if self._background is None:
+            raise CollectorError("join() waits for background collection; call start() first")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._finished.wait(
+            _POLL if deadline is None else min(_POLL, max(0.0, deadline - time.monotonic()))
+        ):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        self._raise_background_error()
+        return True
+
+    def _collect_in_background(self) -> None:
+        # When the budget is met the parts stay up, as after the last batch of an
+        # iteration: the learner may still push weights until it calls shutdown().
+        try:
+            while not self._stopping.is_set() and self._produce() is not None:
+                pass
+        except _Stopping:
+            pass
+        except BaseException as exc:
+            if not self._stopping.is_set():
+                self._background_error = exc
+            self._release_parts()
+        finally:
+            self._finished.set()
+
+    def _raise_background_error(self) -> None:
+        error, self._background_error = self._background_error, None
+        if error is not None:
+            raise error
+
+    @contextlib.contextmanager
+    def pause(self, timeout: float = 10.0) -> Iterator[None]:
+        """Hold collection at a quiet point for the ``with`` block.
+
+        Inside the block no batch is written to the replay buffer and no inference batch
+        runs: a consistent moment to checkpoint the replay buffer and the policy, or to
+        evaluate on the GPU. Envs finish the step they are in and then wait for actions.
+
+        Args:
+            timeout: seconds to reach the quiet point.
+
+        Raises:
+            CollectorError: when shut down or already paused, or when the quiet point is
+                not reached within ``timeout`` (the background error, if that is why).
+
+        Example::
+
+            with collector.pause():
+                torch.save(replay_buffer.state_dict(), "replay.pt")
+        """
+        self._raise_background_error()
+        if self._closed or self._server is None:
+            raise CollectorError("the collector is shut down")
+        if self._pause_requested.is_set():
+            raise CollectorError("the collector is already paused")
+        self._pause_requested.set()
+        try:
+            deadline = time.monotonic() + timeout
+            background = self._background
+            if background is not None:
+                while not self._quiet.wait(_POLL):
+                    if self._finished.is_set():
+                        self._raise_background_error()
+                        break  # collection ended: quiet for good
+                    if time.monotonic() >= deadline:
+                        raise CollectorError(
+                            f"background collection did not pause within {timeout} s"
+                        )
+            self._server.pause(max(0.0, deadline - time.monotonic()))
+            try:
+                yield
+            finally:
+                self._server.resume()
+        finally:
+            self._pause_requested.clear()
+
+    def _quiet_point(self) -> None:
+        """In the background thread: hold here while a pause is requested."""
+        if self._stopping.is_set():
+            raise _Stopping
+        if not self._pause_requested.is_set():
+            return
+        if threading.current_thread() is not self._background:
+            return
+        self._quiet.set()
+        try:
+            while self._pause_requested.is_set():
+                if self._stopping.wait(_POLL):
+                    raise _Stopping
+        finally:
+            self._quiet.clear()
+
+    def _throttle(self) -> None:
+        """Hold the next batch until the learner has sampled ``train_ratio`` rows per row
+        collected (past ``learning_starts``)."""
+        if self._train_ratio is None:
+            return
+        ahead = self._frames - self._learning_starts
+        if ahead <= 0:
+            return
+        target = self._sampled_at_start + math.ceil(self._train_ratio * ahead)
+        t0 = time.perf_counter()
+        while not self._replay_buffer.wait_sampled(target, _POLL):
+            self._quiet_point()
+            self._raise_server_error()
+        self._throttle_seconds += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ control
 
@@ -322,14 +564,24 @@ class AsyncBatchedCollector:
         Returns:
             The new :attr:`policy_version`; every transition whose action these weights
             choose carries it.
+
+        Raises:
+            CollectorError: when shut down; the background error if collection failed.
+            KeyError, ValueError: when the names or shapes do not match the policy's.
         """
+        self._raise_background_error()
         if self._closed or self._server is None:
             raise CollectorError("the collector is shut down")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
         return self._server.update_weights(state)
 
     def stats(self) -> dict[str, Any]:
-        """Frames, batches, throughput, driver CPU time per frame and server statistics."""
+        """Frames, batches, throughput, driver CPU time per frame and server statistics.
+
+        With a ``train_ratio``, also the rows sampled per row collected so far and the
+        seconds collection waited for the learner.
+        """
+        self._raise_background_error()
         elapsed = time.perf_counter() - self._started
         cpu = time.process_time() - self._cpu_started
         out: dict[str, Any] = {
@@ -341,17 +593,36 @@ class AsyncBatchedCollector:
             "consumer_wait_seconds": self._wait_seconds,
             "policy_version": self.policy_version,
         }
+        if self._train_ratio is not None:
+            sampled = self._replay_buffer.sampled - self._sampled_at_start
+            out["train_ratio"] = sampled / max(1, self._frames - self._learning_starts)
+            out["throttle_wait_seconds"] = self._throttle_seconds
         if self._server is not None:
             out["server"] = self._server.stats()
         return out
 
     def shutdown(self) -> None:
-        """Stop the server and the workers and free shared memory. Idempotent."""
-        if self._closed and self._transport is None:
-            return
-        self._closed = True
-        server, transport = self._server, self._transport
-        self._transport = None
+        """Stop background collection, the server and the workers; free shared memory.
+
+        Idempotent.
+
+        Raises:
+            The background error, if collection failed and it was not raised yet.
+        """
+        self._stopping.set()
+        background = self._background
+        if background is not None and background is not threading.current_thread():
+            background.join(_JOIN_TIMEOUT)
+        self._release_parts()
+        self._raise_background_error()
+
+    def _release_parts(self) -> None:
+        with self._shutdown_lock:
+            if self._closed and self._transport is None:
+                return
+            self._closed = True
+            server, transport = self._server, self._transport
+            self._transport = None
         _shutdown_parts(transport, server)
         if self._finalizer is not None:
             self._finalizer.detach()
@@ -359,11 +630,25 @@ class AsyncBatchedCollector:
     def __enter__(self) -> AsyncBatchedCollector:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        try:
+            self.shutdown()
+        except BaseException as error:
+            if exc is None:
+                raise
+            exc.add_note(f"rlcollect: background collection had failed too: {error!r}")
 
 
-def _shutdown_parts(transport: Transport | None, server: InferenceServer | None) -> None:
+class _Stopping(CollectorError):
+    """Raised inside the collector's own threads when it is shut down under them."""
+
+    def __init__(self) -> None:
+        super().__init__("the collector was shut down")
+
+
+def _shutdown_parts(transport: Transport | None, server: InferenceBackend | None) -> None:
     if server is not None:
         server.stop()
     if transport is not None:
@@ -392,6 +677,62 @@ def _check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
         if not callable(fn):
             raise TypeError(f"env_fns[{i}] is a {type(fn).__name__}, not a callable")
     return list(env_fns)
+
+
+def _policy_source(policy: Any, factory: Any, backend: Any, transport: Transport) -> Any:
+    """Check the policy arguments against the backend; returns what builds the policy."""
+    if (policy is None) == (factory is None):
+        raise TypeError("give exactly one of policy and policy_factory")
+    if factory is not None and not callable(factory):
+        raise TypeError(
+            f"policy_factory must be a zero-argument callable, got {type(factory).__name__}"
+        )
+    if backend not in _BACKENDS:
+        raise ValueError(f"inference_backend must be one of {list(_BACKENDS)}, got {backend!r}")
+    source: Any = policy if policy is not None else factory
+    if backend == "process":
+        if not isinstance(transport, ProcessSlotTransport):
+            raise ValueError(
+                "inference_backend='process' needs transport='process_slots': the inference "
+                "process serves the workers through their shared-memory ring"
+            )
+        what = "policy" if policy is not None else "policy_factory"
+        try:
+            cloudpickle.dumps(source)
+        except Exception as exc:
+            raise TypeError(
+                f"{what} cannot be pickled for the inference process ({type(exc).__name__}: "
+                f"{exc}); make it picklable or use inference_backend='thread'"
+            ) from exc
+    return source
+
+
+def _build_policy(factory: Any) -> Any:
+    try:
+        return factory()
+    except Exception as exc:
+        raise ValueError(f"policy_factory raised: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_train_ratio(ratio: Any, learning_starts: Any, replay_buffer: Any) -> None:
+    if ratio is None:
+        if learning_starts != 0:
+            raise ValueError("learning_starts only applies with a train_ratio; pass train_ratio=")
+        return
+    from rlcollect.replay.buffer import ReplayBuffer
+
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+        raise ValueError(
+            f"train_ratio must be a number > 0 (rows sampled per row collected), got {ratio!r}"
+        )
+    if not math.isfinite(ratio):
+        raise ValueError(f"train_ratio must be finite, got {ratio!r}")
+    _check_int("learning_starts", learning_starts, minimum=0)
+    if not isinstance(replay_buffer, ReplayBuffer):
+        raise TypeError(
+            "train_ratio needs replay_buffer= to be an rlcollect.ReplayBuffer, which counts "
+            f"the rows the learner samples; got {type(replay_buffer).__name__}"
+        )
 
 
 def _chunk_steps(chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int) -> int:
@@ -452,32 +793,6 @@ def _compile_options(compile: Any) -> dict[str, Any] | None:
     )
 
 
-def _action_step(
-    runner: PolicyRunner,
-    observations: dict[Path, Field],
-    outputs: dict[tuple[str, ...], Field],
-    capacity: int,
-    compile_options: dict[str, Any] | None,
-    cuda_graph: bool,
-) -> ActionStep:
-    if runner.device.type != "cuda":
-        return HostStep(runner, observations, capacity)
-    try:
-        return DeviceStep(
-            runner,
-            observations,
-            outputs,
-            capacity,
-            compile_options=compile_options,
-            cuda_graph=cuda_graph,
-        )
-    except Exception as exc:
-        what = "capturing the action step as a CUDA graph" if cuda_graph else "warming up"
-        if compile_options is not None:
-            what = "compiling the action step" + (" and capturing it" if cuda_graph else "")
-        raise ValueError(f"the policy failed while {what}: {type(exc).__name__}: {exc}") from exc
-
-
 def _probe_spaces(env_fn: Callable[[], Any]) -> tuple[Any, Any]:
     """Build env 0 once in the driver to learn the spaces every env must share."""
     try:
@@ -533,12 +848,23 @@ def _observation_fields(space: Any) -> tuple[tuple[Path, ...], tuple[Field, ...]
     return paths, fields
 
 
-def _copy_policy(policy: Any, device: torch.device) -> torch.nn.Module:
+def _served_policy(policy: Any, device: torch.device, *, own: bool) -> torch.nn.Module:
+    """The policy to serve on ``device``: a deep copy of the caller's, or ``policy``
+    itself when the collector built it (``own``)."""
+    what = "policy_factory() returned" if own else "policy must be"
     if not isinstance(policy, torch.nn.Module):
         raise TypeError(
-            f"policy must be a torch.nn.Module or a TensorDictModule, got {type(policy).__name__}"
+            f"{what} a torch.nn.Module or a TensorDictModule, got {type(policy).__name__}"
         )
-    served = copy.deepcopy(policy).to(device)
+    if not own:
+        try:
+            policy = copy.deepcopy(policy)
+        except Exception as exc:
+            raise TypeError(
+                f"the policy cannot be copied for serving ({type(exc).__name__}: {exc}); "
+                "pass policy_factory= instead"
+            ) from exc
+    served = policy.to(device)
     served.requires_grad_(False)
     return served
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from rlcollect.errors import ChannelClosed, InferenceError
+from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import ServerEnd
@@ -71,7 +72,7 @@ class BatchingConfig:
             raise ValueError(f"batch_timeout must be a number >= 0, got {self.batch_timeout!r}")
 
 
-class InferenceServer:
+class InferenceServer(InferenceBackend):
     """Serves action requests from a :class:`~rlcollect.transports.ServerEnd` in a thread.
 
     Args:
@@ -85,7 +86,9 @@ class InferenceServer:
 
     The server owns the policy copy inside ``runner``; :meth:`update_weights` changes it
     between batches only and bumps :attr:`policy_version`, which is stamped on every
-    transition the batch serves.
+    transition the batch serves. It is the ``"thread"`` inference backend of the
+    collector; :class:`~rlcollect.inference.process.ProcessInference` runs one in a
+    process of its own.
     """
 
     def __init__(
@@ -115,8 +118,10 @@ class InferenceServer:
         self._weights_lock = threading.Lock()
         self._version = 0
         self._stop = threading.Event()
+        self._pause = threading.Event()  # asked to hold between batches
+        self._holding = threading.Event()  # holding: no batch in progress
         self._thread: threading.Thread | None = None
-        self.error: InferenceError | None = None
+        self._error: InferenceError | None = None
         self._phase_ns = dict.fromkeys(PHASES, 0)
         self._batches = 0
         self._rows = 0
@@ -128,6 +133,33 @@ class InferenceServer:
     def policy_version(self) -> int:
         """Version of the weights in use: 0 at start, +1 per :meth:`update_weights`."""
         return self._version
+
+    @property
+    def error(self) -> InferenceError | None:
+        """Why the server thread stopped serving, or None."""
+        return self._error
+
+    def pause(self, timeout: float) -> None:
+        """Hold the server between two batches; returns once it holds.
+
+        Raises:
+            InferenceError: the server failed, or did not reach a batch boundary within
+                ``timeout`` seconds.
+        """
+        self._pause.set()
+        deadline = time.monotonic() + timeout
+        while not self._holding.wait(min(_IDLE_WAIT, max(0.0, deadline - time.monotonic()))):
+            if self._error is not None:
+                raise self._error
+            if self._thread is None or not self._thread.is_alive():
+                return  # not serving at all: nothing can run
+            if time.monotonic() >= deadline:
+                self._pause.clear()
+                raise InferenceError(f"the inference server did not pause within {timeout} s")
+
+    def resume(self) -> None:
+        """Let a paused server go on."""
+        self._pause.clear()
 
     def start(self) -> None:
         """Start the server thread."""
@@ -142,11 +174,19 @@ class InferenceServer:
         if self._thread is None or not self._thread.is_alive():
             self._step.close()
 
-    def update_weights(self, state_dict: Mapping[str, Any]) -> int:
+    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> int:
         """Copy ``state_dict`` into the served policy in place, between batches.
 
-        Returns the new policy version. Raises KeyError or ValueError (before changing
-        anything) if the keys or shapes do not match the policy's.
+        Args:
+            state_dict: every weight of the policy, by name.
+            version: the version these weights become (default: the current one + 1).
+
+        Returns:
+            The new policy version.
+
+        Raises:
+            KeyError, ValueError: before changing anything, if the names or shapes do
+                not match the policy's.
         """
         target = self._runner.policy.state_dict(keep_vars=True)
         missing = set(target) - set(state_dict)
@@ -169,7 +209,7 @@ class InferenceServer:
                 # The copies ran on this thread's stream; the server's stream must not
                 # start the next forward before they are done.
                 torch.cuda.current_stream(self._runner.device).synchronize()
-            self._version += 1
+            self._version = self._version + 1 if version is None else version
             return self._version
 
     def stats(self) -> dict[str, Any]:
@@ -205,7 +245,7 @@ class InferenceServer:
         except BaseException as exc:
             err = InferenceError(f"the inference server failed: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
-            self.error = err
+            self._error = err
             self._end.abort()  # unblocks every worker and the consumer
 
     def _loop(self) -> None:
@@ -217,6 +257,9 @@ class InferenceServer:
         clock = time.perf_counter_ns
         phase = self._phase_ns
         while not self._stop.is_set():
+            if self._pause.is_set():
+                self._hold()
+                continue
             # wait
             t0 = clock()
             if not pending:
@@ -243,9 +286,21 @@ class InferenceServer:
                 oldest = pending[0][2]
             self._serve(batch)
 
+    def _hold(self) -> None:
+        """Hold between batches while paused (a quiet point: no forward runs)."""
+        self._holding.set()
+        try:
+            while self._pause.is_set() and not self._stop.wait(_IDLE_WAIT):
+                pass
+        finally:
+            self._holding.clear()
+
     def _await_first_requests(self, pending: deque[tuple[int, int, float]]) -> None:
         missing = set(range(self._version_field.shape[0]))
         while missing and not self._stop.is_set():
+            if self._pause.is_set():
+                self._hold()
+                continue
             new = self._end.wait_requests(_IDLE_WAIT)
             now = time.perf_counter()
             pending.extend((w, p, now) for w, p in new)

@@ -49,7 +49,14 @@ import torch
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Key
 
-__all__ = ["ActionStep", "DeviceStep", "HostStep", "StepTimes", "buckets_for"]
+__all__ = [
+    "ActionStep",
+    "DeviceStep",
+    "HostStep",
+    "StepTimes",
+    "buckets_for",
+    "build_action_step",
+]
 
 Path = tuple[str, ...]
 #: Seconds one call of ``run`` spent copying host→device and device→host (GPU timers).
@@ -292,3 +299,34 @@ def _register(array: np.ndarray, device: torch.device) -> torch.Tensor | None:
 
 def _torch_dtype(field: Field) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=field.dtype)).dtype
+
+
+def build_action_step(
+    runner: PolicyRunner,
+    observations: dict[Path, Field],
+    outputs: dict[tuple[str, ...], Field],
+    capacity: int,
+    compile_options: dict[str, Any] | None,
+    cuda_graph: bool,
+) -> ActionStep:
+    """The action step for ``runner``'s device: host, or device with compile and graphs.
+
+    Raises:
+        ValueError: the policy failed while being compiled, captured or warmed up.
+    """
+    if runner.device.type != "cuda":
+        return HostStep(runner, observations, capacity)
+    try:
+        return DeviceStep(
+            runner,
+            observations,
+            outputs,
+            capacity,
+            compile_options=compile_options,
+            cuda_graph=cuda_graph,
+        )
+    except Exception as exc:
+        what = "capturing the action step as a CUDA graph" if cuda_graph else "warming up"
+        if compile_options is not None:
+            what = "compiling the action step" + (" and capturing it" if cuda_graph else "")
+        raise ValueError(f"the policy failed while {what}: {type(exc).__name__}: {exc}") from exc

@@ -72,7 +72,13 @@ from rlcollect.transports.base import (
 )
 from rlcollect.transports.layout import RingLayout, worker_views
 
-__all__ = ["ProcessSlotTransport"]
+__all__ = [
+    "ProcessSlotTransport",
+    "RequestChannel",
+    "attach_segment",
+    "open_request_end",
+    "unlink_segment",
+]
 
 _MESSAGE = struct.Struct("<ii")  # (worker, position or slot), little-endian int32 pair
 _READ_BYTES = 1 << 16
@@ -141,7 +147,8 @@ def _read_token(fd: int) -> None:
         raise ChannelClosed("the driver closed the transport")
 
 
-def _attach(name: str, size: int) -> mmap.mmap:
+def attach_segment(name: str, size: int) -> mmap.mmap:
+    """Map the existing shared-memory segment ``name`` (without a resource tracker)."""
     # Opened by hand rather than through SharedMemory, which in Python < 3.13 would
     # register the segment with a resource tracker of this process and unlink it when
     # this worker exits, under the feet of the driver and the other workers.
@@ -152,7 +159,8 @@ def _attach(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
-def _unlink(name: str) -> None:
+def unlink_segment(name: str) -> None:
+    """Remove segment ``name``; already gone is fine."""
     try:
         _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:
@@ -181,7 +189,7 @@ def _worker_main() -> None:
     stdin = sys.stdin.buffer
     header: _Header = pickle.load(stdin)
     try:
-        ring = _attach(header.shm_name, header.layout.nbytes)
+        ring = attach_segment(header.shm_name, header.layout.nbytes)
     except FileNotFoundError:
         return  # the driver closed (and unlinked) before this worker got going
     end = _ProcessWorker(header, ring)
@@ -189,7 +197,7 @@ def _worker_main() -> None:
         program: WorkerProgram = pickle.load(stdin)
         program(end)
     except ChannelClosed:
-        _unlink(header.shm_name)  # the driver may have died without unlinking
+        unlink_segment(header.shm_name)  # the driver may have died without unlinking
         return
     except BaseException as exc:
         end.report(failure_from_exception(header.index, exc))
@@ -219,6 +227,9 @@ class _ProcessServer(ServerEnd):
         self._requests_r = requests_r
         self._chunks_r = chunks_r
         self._responses_w = responses_w
+        #: The requests pipe and the response pipes, for ``request_channel``.
+        self.requests_fd = requests_r
+        self.responses_fds = tuple(responses_w)
         self._credits_w = credits_w
         self._reports_r = {fd: i for i, fd in enumerate(reports_r)}
         self._wake_r, self._wake_w = os.pipe()
@@ -240,18 +251,7 @@ class _ProcessServer(ServerEnd):
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
         if self._aborted:
             raise ChannelClosed("transport aborted")
-        data = _read_nowait(self._requests_r)
-        if data is None:
-            for fd, _ in self._request_poll.poll(_ms(timeout)):
-                if fd == self._wake_r:
-                    raise ChannelClosed("transport aborted")
-            data = _read_nowait(self._requests_r)
-            if data is None:
-                return []
-        if not data:
-            raise ChannelClosed("every worker has exited")
-        pairs = np.frombuffer(data, dtype="<i4").reshape(-1, 2)
-        return [(int(w), int(p)) for w, p in pairs]
+        return _read_requests(self._requests_r, self._request_poll, self._wake_r, timeout)
 
     def respond(self, workers: Sequence[int]) -> None:
         with self._lock:
@@ -334,6 +334,25 @@ class _ProcessServer(ServerEnd):
                 pass
 
 
+def _read_requests(
+    requests_r: int, poller: select.poll, wake_r: int, timeout: float
+) -> list[tuple[int, int]]:
+    """Requests waiting on ``requests_r``, waiting up to ``timeout`` for one (the poller
+    watches ``requests_r`` and ``wake_r``, which abort() writes to)."""
+    data = _read_nowait(requests_r)
+    if data is None:
+        for fd, _ in poller.poll(_ms(timeout)):
+            if fd == wake_r:
+                raise ChannelClosed("transport aborted")
+        data = _read_nowait(requests_r)
+        if data is None:
+            return []
+    if not data:
+        raise ChannelClosed("every worker has exited")
+    pairs = np.frombuffer(data, dtype="<i4").reshape(-1, 2)
+    return [(int(w), int(p)) for w, p in pairs]
+
+
 def _ms(timeout: float) -> int:
     return max(0, int(timeout * 1000.0 + 0.999))
 
@@ -364,6 +383,81 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code} (its stderr may say more)"
 
 
+# ------------------------------------------------------------ serving from another process
+
+
+@dataclass(frozen=True)
+class RequestChannel:
+    """The request side of a started :class:`ProcessSlotTransport`, for an inference
+    server in another process (``inference_backend="process"``).
+
+    The fds keep their numbers in a child started with ``pass_fds``. Once a channel is
+    handed out, the driver's :class:`ServerEnd` no longer serves requests: the other
+    process reads the requests pipe and writes the responses, through
+    :func:`open_request_end`. The driver keeps its copies of the response pipes only so
+    that closing the transport still stops the workers (end-of-file needs every copy
+    closed, the other process's included).
+    """
+
+    shm_name: str
+    layout: RingLayout
+    requests_fd: int
+    response_fds: tuple[int, ...]
+
+
+class _RequestEnd(ServerEnd):
+    """A :class:`ServerEnd` that serves requests only, in the process that opened it."""
+
+    def __init__(self, channel: RequestChannel) -> None:
+        self._ring = attach_segment(channel.shm_name, channel.layout.nbytes)
+        self.buffers = channel.layout.views(self._ring)
+        self._requests_r = channel.requests_fd
+        self._responses_w = list(channel.response_fds)
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._requests_r, self._wake_r):
+            os.set_blocking(fd, False)
+        self._poll = select.poll()
+        for fd in (self._requests_r, self._wake_r):
+            self._poll.register(fd, select.POLLIN)
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
+        if self._aborted:
+            raise ChannelClosed("transport aborted")
+        return _read_requests(self._requests_r, self._poll, self._wake_r, timeout)
+
+    def respond(self, workers: Sequence[int]) -> None:
+        with self._lock:
+            if not self._aborted:
+                for w in workers:
+                    _write_driver(self._responses_w[w])
+
+    def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
+        raise NotImplementedError("this end serves requests; chunks go to the driver")
+
+    def release(self, worker: int, slot: int) -> None:
+        raise NotImplementedError("this end serves requests; chunks go to the driver")
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
+            os.write(self._wake_w, b"\x01")
+            for fd in self._responses_w:
+                os.close(fd)
+
+
+def open_request_end(channel: RequestChannel) -> ServerEnd:
+    """The request-serving end of ``channel``, in the process it was passed to.
+
+    Raises:
+        FileNotFoundError: the driver has already closed the transport.
+    """
+    return _RequestEnd(channel)
+
+
 class ProcessSlotTransport(Transport):
     """Workers are processes; the ring is one POSIX shared-memory segment.
 
@@ -385,6 +479,7 @@ class ProcessSlotTransport(Transport):
         self._server: _ProcessServer | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._shm_name: str | None = None
+        self._layout: RingLayout | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     @property
@@ -401,6 +496,22 @@ class ProcessSlotTransport(Transport):
     def shm_name(self) -> str | None:
         """Name of the shared-memory segment, or None before ``start``."""
         return self._shm_name
+
+    def request_channel(self) -> RequestChannel:
+        """Hand the request side to a server in another process (see
+        :class:`RequestChannel`); the driver's end stops serving requests.
+
+        Raises:
+            RuntimeError: before ``start``, or after ``close``.
+        """
+        if self._server is None or self._shm_name is None or self._layout is None or self._closed:
+            raise RuntimeError("the transport is not running")
+        return RequestChannel(
+            self._shm_name,
+            self._layout,
+            self._server.requests_fd,
+            tuple(self._server.responses_fds),
+        )
 
     def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
         if self._started:
@@ -423,11 +534,12 @@ class ProcessSlotTransport(Transport):
             os.ftruncate(fd, layout.nbytes)
             ring = mmap.mmap(fd, layout.nbytes)
         except BaseException:
-            _unlink(name)
+            unlink_segment(name)
             raise
         finally:
             os.close(fd)
         self._shm_name = name
+        self._layout = layout
         self._finalizer = weakref.finalize(self, _emergency_cleanup, name, self._procs)
 
         requests_r, requests_w = os.pipe()
@@ -483,7 +595,7 @@ class ProcessSlotTransport(Transport):
         if self._server is not None:
             self._server.abort()
         if self._shm_name is not None:
-            _unlink(self._shm_name)
+            unlink_segment(self._shm_name)
         _stop_processes(self._procs, timeout=2.0)
         if self._server is not None:
             self._server.close_fds()
@@ -508,7 +620,7 @@ def _stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float) -> Non
 
 def _emergency_cleanup(name: str, procs: list[subprocess.Popen[bytes]]) -> None:
     """Runs when a transport is garbage-collected or the interpreter exits unclosed."""
-    _unlink(name)
+    unlink_segment(name)
     for proc in procs:
         if proc.poll() is None:
             proc.kill()

@@ -1,0 +1,479 @@
+"""The ``"process"`` inference backend: the server in a process of its own.
+
+::
+
+    driver process                                  inference process (torch)
+    ┌──────────────────────────────┐               ┌──────────────────────────────────┐
+    │ collector (consumes chunks)  │               │ InferenceServer thread:           │
+    │                              │               │  requests pipe ◀── workers        │
+    │ update_weights(state):       │  weights shm  │  responses ──▶ workers            │
+    │  copy into slot v % 2 ───────┼──────────────▶│ control thread:                   │
+    │  ("weights", v) ─────────────┼── control ───▶│  copy slot into the policy        │
+    │                              │               │  between batches, version = v     │
+    │ status thread ◀──────────────┼── status ─────┤  ("applied", v) / errors / stats  │
+    └──────────────────────────────┘               └──────────────────────────────────┘
+
+Workers talk to the inference process directly (it reads the transport's requests pipe
+and writes its response pipes: :class:`~rlcollect.transports.process_slots.RequestChannel`),
+so the learner's threads in the driver never hold up a batch by holding the GIL.
+
+The weights protocol (who writes what, in what order, why it is safe):
+
+* The driver creates the weights segment (owner-only, a random name): two slots, each
+  holding every tensor of the policy's ``state_dict`` at a fixed offset. Only the driver
+  writes slots; only the inference process reads them; the driver unlinks it.
+* Update ``v`` (1, 2, ...) goes into slot ``v % 2``. That slot last held version
+  ``v - 2``, so the driver first waits for the ``("applied", v - 2)`` message: after it,
+  the inference process never reads that slot again. Then it copies the tensors in and
+  sends ``("weights", v)`` on the control pipe. A pipe write/read pair orders memory like
+  a lock release/acquire, so the inference process sees the whole slot.
+* The inference process applies versions in order: it copies slot ``v % 2`` into the
+  served policy under the server's weights lock (between two batches, never during
+  one), sets the server's version to ``v``, so every transition whose action these
+  weights choose carries ``v``, and answers ``("applied", v)``.
+
+An update thus costs the driver one host copy and one message, waits only when two
+updates are still in flight, and is atomic: a batch runs entirely on one version.
+
+Failures never hang: the driver reads the status pipe in a thread, so an error (sent
+with its traceback) or the process's death (end-of-file) is known at once and surfaces
+through :attr:`ProcessInference.error`. The inference process exits when the control
+pipe reaches end-of-file, which is also what happens when the driver dies.
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import mmap
+import os
+import pickle
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlcollect.errors import InferenceError, RemoteTraceback
+from rlcollect.inference.backend import InferenceBackend
+from rlcollect.inference.server import BatchingConfig
+from rlcollect.transports.layout import Field, Key
+from rlcollect.transports.process_slots import RequestChannel, attach_segment, unlink_segment
+
+__all__ = ["InferenceConfig", "ProcessInference", "WeightsLayout"]
+
+Path = tuple[str, ...]
+_CHILD = "from rlcollect.inference.process import _inference_main; _inference_main()"
+_ALIGN = 64
+_STOP_WAIT = 5.0  # seconds for the inference process to exit once told
+_REPLY_WAIT = 10.0  # seconds for an answer to stats / pause
+_WEIGHTS_WAIT = 60.0  # seconds an update may wait for the slot it reuses
+
+
+@dataclass(frozen=True)
+class WeightsLayout:
+    """Where each tensor of the policy's ``state_dict`` lives inside one weights slot."""
+
+    entries: tuple[tuple[str, tuple[int, ...], str, int], ...]  # name, shape, dtype, offset
+    slot_bytes: int
+
+    @staticmethod
+    def of(state: Mapping[str, torch.Tensor]) -> WeightsLayout:
+        entries = []
+        offset = 0
+        for name, tensor in state.items():
+            entries.append((name, tuple(tensor.shape), str(tensor.dtype), offset))
+            size = tensor.numel() * tensor.element_size()
+            offset += -(-size // _ALIGN) * _ALIGN
+        return WeightsLayout(tuple(entries), max(offset, _ALIGN))
+
+    def views(self, buffer: Any, slot: int) -> dict[str, torch.Tensor]:
+        """Tensors over slot ``slot`` of ``buffer`` (no copy)."""
+        out = {}
+        base = slot * self.slot_bytes
+        for name, shape, dtype, offset in self.entries:
+            torch_dtype = getattr(torch, dtype.removeprefix("torch."))
+            count = int(np.prod(shape)) if shape else 1
+            if count == 0:
+                out[name] = torch.empty(shape, dtype=torch_dtype)
+                continue
+            flat = torch.frombuffer(buffer, dtype=torch_dtype, count=count, offset=base + offset)
+            out[name] = flat.view(shape)
+        return out
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """Everything the inference process needs to build the same server as the thread
+    backend would."""
+
+    device: str
+    observation_paths: tuple[Path, ...]
+    observations: tuple[tuple[Path, Field], ...]
+    outputs: tuple[tuple[Key, Field], ...]
+    envs_per_worker: int
+    batching: BatchingConfig
+    capacity: int
+    compile_options: dict[str, Any] | None
+    cuda_graph: bool
+    weights: WeightsLayout
+
+
+@dataclass(frozen=True)
+class _Header:
+    channel: RequestChannel
+    config: InferenceConfig
+    weights_shm: str
+    control_fd: int
+    status_fd: int
+    policy_is_factory: bool
+
+
+class ProcessInference(InferenceBackend):
+    """Runs the inference server in a dedicated process (``inference_backend="process"``).
+
+    Args:
+        channel: the request side of a started process-slot transport.
+        config: how to build the server there.
+        policy: a cloudpickle-able policy (``policy_is_factory=False``) or a
+            zero-argument callable that builds it there.
+        policy_is_factory: which of the two ``policy`` is.
+
+    Raises:
+        ValueError: the policy failed to load, compile, capture or warm up in the
+            inference process (its traceback is the ``__cause__``).
+        InferenceError: the inference process died while starting.
+    """
+
+    def __init__(
+        self,
+        channel: RequestChannel,
+        config: InferenceConfig,
+        policy: Any,
+        *,
+        policy_is_factory: bool,
+    ) -> None:
+        import cloudpickle
+
+        self._config = config
+        self._payload = cloudpickle.dumps(policy)
+        self._channel = channel
+        self._is_factory = policy_is_factory
+        self._version = 0
+        self._applied = 0
+        self._cond = threading.Condition()
+        self._replies: dict[str, Any] = {}
+        self._error: InferenceError | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._control: Connection | None = None
+        self._stopped = False
+        self._send_lock = threading.Lock()
+        self._shm_name = "rlcw_" + secrets.token_hex(12)
+        size = 2 * config.weights.slot_bytes
+        fd = _posixshmem.shm_open("/" + self._shm_name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._weights = mmap.mmap(fd, size)
+        except BaseException:
+            unlink_segment(self._shm_name)
+            raise
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ interface
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def error(self) -> InferenceError | None:
+        return self._error
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the inference process (None before :meth:`start`)."""
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> None:
+        """Start the inference process; returns once it serves (after any compile or
+        capture), or raises what stopped it."""
+        control_r, control_w = os.pipe()
+        status_r, status_w = os.pipe()
+        header = _Header(
+            self._channel,
+            self._config,
+            self._shm_name,
+            control_r,
+            status_w,
+            self._is_factory,
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        fds = (control_r, status_w, self._channel.requests_fd, *self._channel.response_fds)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, pass_fds=fds, env=env
+            )
+        finally:
+            os.close(control_r)
+            os.close(status_w)
+        self._control = Connection(control_w)
+        status = Connection(status_r)
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(pickle.dumps(header))
+            self._proc.stdin.write(self._payload)
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; the status pipe says how
+        self._reader = threading.Thread(
+            target=self._read_status, args=(status,), name="rlcollect-inference-status", daemon=True
+        )
+        self._reader.start()
+        with self._cond:
+            while "ready" not in self._replies and self._error is None:
+                self._cond.wait(_REPLY_WAIT)
+        if self._error is not None:
+            self.stop()
+            cause = self._error.__cause__
+            raise ValueError(f"the policy failed in the inference process: {self._error}") from (
+                cause
+            )
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        layout = self._config.weights
+        names = [e[0] for e in layout.entries]
+        missing = set(names) - set(state_dict)
+        unexpected = set(state_dict) - set(names)
+        if missing or unexpected:
+            raise KeyError(
+                f"weights do not match the policy: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
+        for name, shape, _, _ in layout.entries:
+            if tuple(state_dict[name].shape) != shape:
+                raise ValueError(
+                    f"weight {name!r} has shape {tuple(state_dict[name].shape)}, the "
+                    f"policy's has {shape}"
+                )
+        self._raise_error()
+        version = self._version + 1
+        with self._cond:  # the slot is free once version - 2 is applied
+            deadline = time.monotonic() + _WEIGHTS_WAIT
+            while self._applied < version - 2 and self._error is None:
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    raise InferenceError(
+                        f"the inference process did not apply weights version {version - 2} "
+                        f"within {_WEIGHTS_WAIT} s"
+                    )
+        self._raise_error()
+        slot = layout.views(self._weights, version % 2)
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                slot[name].copy_(value.detach())
+        self._send(("weights", version))
+        self._version = version
+        return version
+
+    def pause(self, timeout: float) -> None:
+        self._request("paused", ("pause", timeout), timeout + _REPLY_WAIT)
+
+    def resume(self) -> None:
+        self._send(("resume",))
+
+    def stats(self) -> dict[str, Any]:
+        if self._error is not None or self._stopped:
+            return {}
+        reply: dict[str, Any] = self._request("stats", ("stats",), _REPLY_WAIT)
+        reply["applied_version"] = self._applied
+        return reply
+
+    def wait_applied(self, version: int, timeout: float) -> bool:
+        """Block until weights ``version`` serve batches (or ``timeout`` passes)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._applied >= version or self._error is not None, timeout
+            )
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._control is not None:
+            self._control.close()  # end-of-file: the inference process exits
+        if self._proc is not None:
+            try:
+                self._proc.wait(_STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(_STOP_WAIT)
+        if self._reader is not None:
+            self._reader.join(_STOP_WAIT)
+        self._weights.close()
+        unlink_segment(self._shm_name)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._stopped:
+            raise InferenceError("the inference process is stopped")
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        self._raise_error()
+        assert self._control is not None
+        try:
+            with self._send_lock:
+                self._control.send(message)
+        except OSError as exc:
+            raise InferenceError("the inference process is gone") from exc
+
+    def _request(self, kind: str, message: tuple[Any, ...], timeout: float) -> Any:
+        with self._cond:
+            self._replies.pop(kind, None)
+        self._send(message)
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: kind in self._replies or self._error is not None, timeout
+            ):
+                raise InferenceError(f"the inference process did not answer {kind!r} in time")
+            self._raise_error()
+            return self._replies.pop(kind)
+
+    def _read_status(self, status: Connection) -> None:
+        try:
+            while True:
+                try:
+                    message = status.recv()
+                except (EOFError, OSError):
+                    break
+                with self._cond:
+                    if message[0] == "applied":
+                        self._applied = message[1]
+                    elif message[0] == "error":
+                        err = InferenceError(message[1])
+                        err.__cause__ = RemoteTraceback(message[2])
+                        self._error = err
+                    else:
+                        self._replies[message[0]] = message[1] if len(message) > 1 else None
+                    self._cond.notify_all()
+        finally:
+            status.close()
+            with self._cond:
+                if self._error is None and not self._stopped:
+                    code = None if self._proc is None else self._proc.poll()
+                    self._error = InferenceError(
+                        f"the inference process (pid {self.pid}) died: exit code {code}"
+                    )
+                self._cond.notify_all()
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+def _inference_main() -> None:
+    """Entry point of the inference process (see ``_CHILD``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
+    import cloudpickle
+
+    from rlcollect.inference.policy import PolicyRunner
+    from rlcollect.inference.server import InferenceServer
+    from rlcollect.inference.step import build_action_step
+    from rlcollect.transports.process_slots import open_request_end
+
+    stdin = sys.stdin.buffer
+    header: _Header = pickle.load(stdin)
+    status = Connection(header.status_fd)
+    control = Connection(header.control_fd)
+    cfg = header.config
+    server = None
+    try:
+        loaded = cloudpickle.loads(stdin.read())
+        policy: torch.nn.Module = loaded() if header.policy_is_factory else loaded
+        if not isinstance(policy, torch.nn.Module):
+            raise TypeError(f"the policy factory returned a {type(policy).__name__}, not a Module")
+        device = torch.device(cfg.device)
+        policy = policy.to(device)
+        policy.requires_grad_(False)
+        runner = PolicyRunner(policy, device, cfg.observation_paths)
+        step = build_action_step(
+            runner,
+            dict(cfg.observations),
+            dict(cfg.outputs),
+            cfg.capacity,
+            cfg.compile_options,
+            cfg.cuda_graph,
+        )
+        end = open_request_end(header.channel)
+        server = InferenceServer(
+            runner,
+            step,
+            end,
+            envs_per_worker=cfg.envs_per_worker,
+            batching=cfg.batching,
+            output_keys=frozenset(key for key, _ in cfg.outputs),
+        )
+        weights = attach_segment(header.weights_shm, 2 * cfg.weights.slot_bytes)
+        server.start()
+        status.send(("ready",))
+        _serve_control(control, status, server, weights, cfg.weights)
+    except BaseException as exc:
+        _send_error(status, exc)
+    finally:
+        if server is not None:
+            server.stop()
+        os._exit(0)  # CUDA and daemon threads need no orderly interpreter teardown
+
+
+def _serve_control(
+    control: Connection, status: Connection, server: Any, weights: mmap.mmap, layout: WeightsLayout
+) -> None:
+    while True:
+        if server.error is not None:
+            raise server.error
+        if not control.poll(0.1):
+            continue
+        try:
+            message = control.recv()
+        except EOFError:
+            return  # the driver stopped us, or died
+        match message:
+            case ("weights", version):
+                server.update_weights(layout.views(weights, version % 2), version=version)
+                status.send(("applied", version))
+            case ("pause", timeout):
+                server.pause(timeout)
+                status.send(("paused",))
+            case ("resume",):
+                server.resume()
+            case ("stats",):
+                status.send(("stats", server.stats()))
+            case _:
+                raise ValueError(f"unknown control message {message!r}")
+
+
+def _send_error(status: Connection, exc: BaseException) -> None:
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    try:
+        status.send(
+            (
+                "error",
+                str(exc)
+                if isinstance(exc, InferenceError)
+                else f"the inference process failed: {type(exc).__name__}: {exc}",
+                "".join(traceback.format_exception(cause)),
+            )
+        )
+    except OSError:
+        pass  # the driver is gone

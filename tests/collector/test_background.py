@@ -1,0 +1,173 @@
+"""Background collection into a replay buffer: start(), join(), pause(), errors, shutdown."""
+
+import functools
+import threading
+
+import pytest
+import torch
+from helpers import (
+    ConstantPolicy,
+    CountingPolicy,
+    ListBuffer,
+    check_clean,
+    check_counting_streams,
+    counting_collector,
+    counting_envs,
+    streams,
+    wait_until,
+)
+
+from rlcollect import AsyncBatchedCollector, CollectorError, WorkerError
+from rlcollect.testing import CountingEnv
+
+
+def test_every_transition_is_written_once_in_whole_batches(transport):
+    rb = ListBuffer()
+    c = counting_collector(transport, replay_buffer=rb, total_frames=650, frames_per_batch=64)
+    c.start()
+    assert c.join(timeout=60)
+    assert [p.batch_size[0] for p in rb.parts] == [64] * 10 + [10]
+    check_counting_streams(torch.cat(rb.parts))
+    assert c.stats()["frames"] == 650
+    assert c.update_policy_weights_(CountingPolicy()) == 1  # up until shutdown
+    c.shutdown()
+    check_clean(c)
+    assert c.join(timeout=0)
+
+
+def test_a_background_error_is_raised_by_the_next_call(transport):
+    fns = counting_envs(4)
+    fns[1] = functools.partial(CountingEnv, 1, fail_at=(1, 3))
+    rb = ListBuffer()
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        transport=transport,
+        policy_device="cpu",
+        replay_buffer=rb,
+    )
+    c.start()
+    policy = CountingPolicy()
+
+    def raised() -> bool:
+        try:
+            c.update_policy_weights_(policy)
+        except WorkerError as exc:
+            assert exc.env_index == 1
+            return True
+        return False
+
+    wait_until(raised, what="the env error to reach the caller")
+    check_clean(c)
+    c.shutdown()  # raised once already: shutdown is quiet now
+    c.shutdown()
+
+
+def test_join_raises_the_background_error(transport):
+    fns = counting_envs(2)
+    fns[0] = functools.partial(CountingEnv, 0, fail_at=(0, 2), fail_in_reset=False)
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        transport=transport,
+        policy_device="cpu",
+        replay_buffer=ListBuffer(),
+    )
+    c.start()
+    with pytest.raises(WorkerError, match="env 0"):
+        c.join(timeout=30)
+    check_clean(c)
+
+
+def test_start_is_refused_without_a_buffer_twice_or_while_iterating(transport):
+    with counting_collector(transport, total_frames=-1) as c:
+        with pytest.raises(CollectorError, match="has none: pass replay_buffer="):
+            c.start()
+        with pytest.raises(CollectorError, match="call start\\(\\) first"):
+            c.join(timeout=1)
+    with counting_collector(transport, replay_buffer=ListBuffer(), total_frames=-1) as c:
+        c.start()
+        with pytest.raises(CollectorError, match="already collecting"):
+            c.start()
+        with pytest.raises(CollectorError, match="sample from its replay buffer"):
+            next(c)
+
+
+def test_shutdown_stops_background_collection_and_writes_nothing_after(transport):
+    rb = ListBuffer()
+    c = counting_collector(transport, replay_buffer=rb, total_frames=-1)
+    c.start()
+    wait_until(lambda: len(rb.parts) >= 3, what="three batches")
+    c.shutdown()
+    written = len(rb.parts)
+    check_clean(c)
+    assert len(rb.parts) == written
+    check_counting_streams(torch.cat(rb.parts))
+    with pytest.raises(CollectorError, match="shut down"):
+        c.update_policy_weights_(CountingPolicy())
+
+
+def test_pause_reaches_a_quiet_point_and_resumes(transport):
+    rb = ListBuffer()
+    with counting_collector(transport, replay_buffer=rb, total_frames=-1) as c:
+        c.start()
+        wait_until(lambda: len(rb.parts) >= 2, what="two batches")
+        with c.pause():
+            written = len(rb.parts)
+            served = c.stats()["server"]["batches"]
+            # a window in which a running collector writes many batches
+            assert not threading.Event().wait(0.3)
+            assert len(rb.parts) == written
+            assert c.stats()["server"]["batches"] == served
+            with pytest.raises(CollectorError, match="already paused"), c.pause():
+                pass
+        wait_until(lambda: len(rb.parts) > written, what="collection to go on")
+    check_counting_streams(torch.cat(rb.parts))
+
+
+def test_iterating_inside_pause_is_refused(transport):
+    with counting_collector(transport, total_frames=-1) as c:
+        next(c)
+        with c.pause(), pytest.raises(CollectorError, match="paused"):
+            next(c)
+        next(c)
+
+
+def test_versions_stamp_the_weights_that_chose_each_action(transport):
+    rb = ListBuffer()
+    policy = ConstantPolicy(1)
+    with counting_collector(transport, policy, replay_buffer=rb, total_frames=-1) as c:
+        c.start()
+        wait_until(lambda: len(rb.parts) >= 2, what="two batches")
+        with torch.no_grad():
+            policy.value.fill_(4)
+        assert c.update_policy_weights_(policy) == 1
+        wait_until(
+            lambda: any(bool((p["policy_version"] == 1).any()) for p in list(rb.parts)),
+            what="rows chosen by the new weights",
+        )
+    data = torch.cat(rb.parts)
+    version = data["policy_version"]
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
+    for rows in streams(data).values():
+        assert bool((rows["policy_version"].diff() >= 0).all())
+
+
+def test_error_in_the_with_block_keeps_the_background_error_as_a_note(transport):
+    fns = counting_envs(2)
+    fns[1] = functools.partial(CountingEnv, 1, fail_at=(0, 1))
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        transport=transport,
+        policy_device="cpu",
+        replay_buffer=ListBuffer(),
+    )
+    with pytest.raises(KeyError) as info, c:
+        c.start()
+        wait_until(lambda: c._finished.is_set(), what="background collection to fail")
+        raise KeyError("the caller's own error")
+    assert any("background collection had failed too" in n for n in info.value.__notes__)

@@ -1,0 +1,152 @@
+"""The "process" inference backend: the server in its own process, weights over shm."""
+
+import os
+import signal
+
+import pytest
+import torch
+from helpers import (
+    CountingPolicy,
+    FailingPolicy,
+    ListBuffer,
+    UnpicklablePolicy,
+    check_clean,
+    check_counting_streams,
+    check_weight_update,
+    collect,
+    counting_collector,
+    counting_envs,
+    process_gone,
+    shm_exists,
+    wait_until,
+)
+
+from rlcollect import AsyncBatchedCollector, InferenceError
+from rlcollect.errors import RemoteTraceback
+
+
+def process_collector(policy=None, **kwargs):
+    return counting_collector("process_slots", policy, inference_backend="process", **kwargs)
+
+
+def check_backend_gone(c):
+    backend = c._server
+    wait_until(lambda: process_gone(backend.pid), what="the inference process to exit")
+    assert not shm_exists(backend._shm_name)
+    check_clean(c)
+
+
+def test_streams_and_budget():
+    with process_collector(total_frames=640, frames_per_batch=64) as c:
+        assert c._server.pid != os.getpid()
+        batches = list(c)
+    assert [b.batch_size[0] for b in batches] == [64] * 10
+    check_counting_streams(torch.cat(batches))
+    check_backend_gone(c)
+
+
+def test_weight_updates_are_versioned():
+    check_weight_update(lambda policy: process_collector(policy, total_frames=-1))
+
+
+def test_many_updates_in_flight_land_in_order():
+    policy = CountingPolicy()
+    with process_collector(policy, total_frames=-1) as c:
+        next(c)
+        versions = [c.update_policy_weights_(policy) for _ in range(50)]
+        assert versions == list(range(1, 51))
+        assert c._server.wait_applied(50, timeout=30)
+        data = collect(next(c) for _ in range(5))
+    assert int(data["policy_version"].max()) == 50
+    check_backend_gone(c)
+
+
+def test_mismatched_weights_are_rejected_before_anything_changes():
+    with process_collector(total_frames=-1) as c:
+        with pytest.raises(KeyError, match="missing"):
+            c.update_policy_weights_({})
+        with pytest.raises(ValueError, match="shape"):
+            c.update_policy_weights_({"scale": torch.ones(3)})
+        assert c.policy_version == 0
+        next(c)
+
+
+def test_policy_factory_builds_the_policy_in_the_inference_process():
+    refused = r"policy cannot be pickled .* use inference_backend='thread'"
+    with pytest.raises(TypeError, match=refused):
+        process_collector(UnpicklablePolicy())
+    c = AsyncBatchedCollector(
+        counting_envs(4),
+        policy_factory=UnpicklablePolicy,
+        frames_per_batch=32,
+        total_frames=320,
+        policy_device="cpu",
+        inference_backend="process",
+    )
+    with c:
+        data = collect(c)
+    check_counting_streams(data)
+    check_backend_gone(c)
+
+
+def test_policy_error_reaches_the_caller_with_its_traceback():
+    c = process_collector(FailingPolicy(fail_on_call=20), total_frames=-1, frames_per_batch=4)
+    with pytest.raises(InferenceError, match="policy failed on purpose") as info:
+        for _ in c:
+            pass
+    assert isinstance(info.value.__cause__, RemoteTraceback)
+    assert 'raise RuntimeError("policy failed on purpose")' in str(info.value.__cause__)
+    check_backend_gone(c)
+
+
+def test_a_killed_inference_process_reaches_the_caller():
+    c = process_collector(total_frames=-1)
+    next(c)
+    os.kill(c._server.pid, signal.SIGKILL)
+    with pytest.raises(InferenceError, match="died"):
+        for _ in c:
+            pass
+    check_backend_gone(c)
+
+
+def test_pause_holds_the_inference_process():
+    rb = ListBuffer()
+    with process_collector(replay_buffer=rb, total_frames=-1) as c:
+        c.start()
+        wait_until(lambda: rb.rows() >= 64, what="two batches")
+        with c.pause():
+            served = c.stats()["server"]["batches"]
+            rows = rb.rows()
+            # a window in which a running collector would write several batches
+            assert not threading_event().wait(0.3)
+            assert c.stats()["server"]["batches"] == served
+            assert rb.rows() == rows
+        wait_until(lambda: rb.rows() > rows, what="collection to go on after the pause")
+    check_backend_gone(c)
+
+
+def threading_event():
+    import threading
+
+    return threading.Event()
+
+
+def test_bad_combinations_are_refused():
+    with pytest.raises(ValueError, match="needs transport='process_slots'"):
+        counting_collector("thread", inference_backend="process")
+    with pytest.raises(ValueError, match="inference_backend must be one of"):
+        counting_collector("thread", inference_backend="gpu")
+    with pytest.raises(TypeError, match="exactly one of policy and policy_factory"):
+        AsyncBatchedCollector(counting_envs(2), frames_per_batch=8, policy_device="cpu")
+    with pytest.raises(TypeError, match="exactly one of policy and policy_factory"):
+        AsyncBatchedCollector(
+            counting_envs(2),
+            CountingPolicy(),
+            policy_factory=CountingPolicy,
+            frames_per_batch=8,
+            policy_device="cpu",
+        )
+    with pytest.raises(TypeError, match="policy_factory must be a zero-argument callable"):
+        AsyncBatchedCollector(
+            counting_envs(2), policy_factory=3, frames_per_batch=8, policy_device="cpu"
+        )
