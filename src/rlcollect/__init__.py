@@ -12,13 +12,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rlcollect.collector.collector import AsyncBatchedCollector
     from rlcollect.errors import CollectorError, InferenceError, WorkerError
+    from rlcollect.replay.buffer import ReplayBuffer
 
-__all__ = ["AsyncBatchedCollector", "CollectorError", "InferenceError", "WorkerError"]
+__all__ = [
+    "AsyncBatchedCollector",
+    "CollectorError",
+    "InferenceError",
+    "ReplayBuffer",
+    "WorkerError",
+]
 
 _HOMES = {
     "AsyncBatchedCollector": "rlcollect.collector.collector",
     "CollectorError": "rlcollect.errors",
     "InferenceError": "rlcollect.errors",
+    "ReplayBuffer": "rlcollect.replay.buffer",
     "WorkerError": "rlcollect.errors",
 }
 

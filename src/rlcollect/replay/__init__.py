@@ -1,0 +1,5 @@
+"""The off-policy replay buffer."""
+
+from rlcollect.replay.buffer import ReplayBuffer
+
+__all__ = ["ReplayBuffer"]
