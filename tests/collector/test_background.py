@@ -16,6 +16,7 @@ from helpers import (
     streams,
     wait_until,
 )
+from tensordict import TensorDict
 
 from rlcollect import AsyncBatchedCollector, CollectorError, WorkerError
 from rlcollect.testing import CountingEnv
@@ -171,3 +172,66 @@ def test_error_in_the_with_block_keeps_the_background_error_as_a_note(transport)
         wait_until(lambda: c._finished.is_set(), what="background collection to fail")
         raise KeyError("the caller's own error")
     assert any("background collection had failed too" in n for n in info.value.__notes__)
+
+
+# ------------------------------------------------------------------ train ratio
+
+
+def test_train_ratio_makes_collection_wait_for_the_learner(transport):
+    from rlcollect import ReplayBuffer
+
+    ratio, starts, fpb = 2.0, 64, 32
+    rb = ReplayBuffer(100_000, seed=0)
+    c = counting_collector(
+        transport,
+        replay_buffer=rb,
+        total_frames=-1,
+        frames_per_batch=fpb,
+        train_ratio=ratio,
+        learning_starts=starts,
+    )
+    with c:
+        c.start()
+        wait_until(lambda: len(rb) >= starts, what="the buffer to fill up to learning_starts")
+        for _ in range(60):
+            rb.sample(16)
+            # a batch is written only once the learner has sampled `ratio` rows per row
+            # collected before it: collection leads by one batch at most
+            assert rb.written <= starts + fpb + rb.sampled / ratio
+        sampled = rb.sampled
+        # the learner stops: collection must stop too (unthrottled, it would write
+        # thousands of rows in this window)
+        assert not threading.Event().wait(0.3)
+        assert rb.written <= starts + fpb + sampled / ratio
+        stats = c.stats()
+        assert stats["throttle_wait_seconds"] > 0
+        assert stats["train_ratio"] == pytest.approx(ratio, rel=0.5)
+        # shutdown works while collection waits for the learner
+    check_clean(c)
+    # every row written once, none lost while collection waited
+    stored = TensorDict(rb.state_dict()["storage"], batch_size=[len(rb)])
+    assert len(rb) == rb.written
+    check_counting_streams(stored)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"train_ratio": 0}, ValueError, "train_ratio must be a number > 0"),
+        ({"train_ratio": -1.0}, ValueError, "train_ratio must be a number > 0"),
+        ({"train_ratio": "2"}, ValueError, "train_ratio must be a number > 0"),
+        ({"train_ratio": float("inf")}, ValueError, "train_ratio must be finite"),
+        ({"train_ratio": 2, "learning_starts": -1}, ValueError, "learning_starts must be"),
+        ({"learning_starts": 10}, ValueError, "learning_starts only applies with a train_ratio"),
+    ],
+)
+def test_train_ratio_bad_input(kwargs, error, match):
+    from rlcollect import ReplayBuffer
+
+    with pytest.raises(error, match=match):
+        counting_collector("thread", replay_buffer=ReplayBuffer(10), **kwargs)
+
+
+def test_train_ratio_needs_a_counting_buffer():
+    with pytest.raises(TypeError, match="train_ratio needs replay_buffer= to be an rlcollect"):
+        counting_collector("thread", replay_buffer=ListBuffer(), train_ratio=2)

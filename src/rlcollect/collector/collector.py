@@ -864,7 +864,7 @@ def _served_policy(policy: Any, device: torch.device, *, own: bool) -> torch.nn.
                 f"the policy cannot be copied for serving ({type(exc).__name__}: {exc}); "
                 "pass policy_factory= instead"
             ) from exc
-    served = policy.to(device)
+    served: torch.nn.Module = policy.to(device)
     served.requires_grad_(False)
     return served
 
