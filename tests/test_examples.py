@@ -51,3 +51,21 @@ def test_cpu_collection_benchmark(tmp_path):
     rows = result["summary"]["cartpole"]
     assert rows["rlcollect[process_slots-chunkauto]"]["fps_median"] > 0
     assert "ratio_to_async_vector_median" in rows["rlcollect[thread-chunkauto]"]
+
+
+def test_custom_transport():
+    from rlcollect.testing import CHECKS
+
+    out = run("examples/custom_transport.py", "--frames", "1024", "--envs", "2")
+    assert f"conformance: all {len(CHECKS)} checks passed" in out, out
+    assert "collected 1024 frames in 2 batches from envs [0, 1]" in out, out
+
+
+def test_training_loop_of_the_docs_home_page(tmp_path):
+    text = (ROOT / "docs" / "index.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "total_frames=100_000" in code, "the loop's budget moved; update this test"
+    script = tmp_path / "loop.py"
+    script.write_text(code.replace("total_frames=100_000", "total_frames=6144"))
+    out = run(str(script))
+    assert "weights v3: mean episode length" in out, out
