@@ -220,3 +220,30 @@ def test_gathering_on_the_device_matches_the_host_gather():
     direct = conv_step(ConvPolicy(), cuda_graph=True)
     direct.inputs[()][:10] = ring[flat].reshape(10, 4, 84, 84)
     assert np.array_equal(direct.run(10)[0][("logits",)], results[0][("logits",)])
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_the_process_backend_on_the_gpu(mode):
+    with make("process_slots", DevicePolicy(), inference_backend="process", **MODES[mode]) as c:
+        data = collect(c)
+        stats = c.stats()["server"]
+    assert bool((data["on_cuda"] == 1).all())
+    assert stats["gathers_on_device"]
+    check_counting_streams(data)
+    check_weight_update(
+        lambda p: make(
+            "process_slots", p, total_frames=-1, inference_backend="process", **MODES[mode]
+        )
+    )
+
+
+def test_an_uncapturable_policy_fails_in_the_inference_process_with_a_clear_error():
+    class Syncs(CountingPolicy):
+        def forward(self, obs):
+            out = super().forward(obs)
+            if out["value"].sum().item() > -1:  # a host synchronisation: not capturable
+                return out
+            return out
+
+    with pytest.raises(ValueError, match="the policy failed in the inference process"):
+        make("process_slots", Syncs(), inference_backend="process", cuda_graph=True)

@@ -150,3 +150,39 @@ def test_bad_combinations_are_refused():
         AsyncBatchedCollector(
             counting_envs(2), policy_factory=3, frames_per_batch=8, policy_device="cpu"
         )
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import counting_collector
+c = counting_collector("process_slots", inference_backend="process", total_frames=-1)
+next(c)
+print(c.transport.shm_name, c._server._shm_name, c._server.pid, *c.transport.pids, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_driver_killed_with_sigkill_leaves_nothing_behind():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parents[1])
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(tests=tests)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ring, weights, *pids = driver.stdout.readline().split()
+        assert shm_exists(ring) and shm_exists(weights)
+        driver.kill()
+        driver.wait(10)
+        wait_until(lambda: all(process_gone(int(p)) for p in pids), what="orphaned processes")
+        wait_until(lambda: not shm_exists(ring), what="the ring segment to be unlinked")
+        wait_until(lambda: not shm_exists(weights), what="the weights segment to be unlinked")
+    finally:
+        driver.kill()
+        driver.wait(10)

@@ -21,7 +21,8 @@ The weights protocol (who writes what, in what order, why it is safe):
 
 * The driver creates the weights segment (owner-only, a random name): two slots, each
   holding every tensor of the policy's ``state_dict`` at a fixed offset. Only the driver
-  writes slots; only the inference process reads them; the driver unlinks it.
+  writes slots; only the inference process reads them. Both unlink it when they are
+  done (unlinking a removed name is harmless), so a driver killed outright leaves none.
 * Update ``v`` (1, 2, ...) goes into slot ``v % 2``. That slot last held version
   ``v - 2``, so the driver first waits for the ``("applied", v - 2)`` message: after it,
   the inference process never reads that slot again. Then it copies the tensors in and
@@ -433,6 +434,8 @@ def _inference_main() -> None:
     finally:
         if server is not None:
             server.stop()
+        # The driver unlinks the segment too; this covers a driver killed outright.
+        unlink_segment(header.weights_shm)
         os._exit(0)  # CUDA and daemon threads need no orderly interpreter teardown
 
 

@@ -1,0 +1,169 @@
+"""Soak test: long background collection with a learner, weight pushes and checkpoints.
+
+Runs ``--minutes`` of ``collector.start()`` into a small ``rlcollect.ReplayBuffer``
+(it wraps around every few seconds), while this process trains a Q-network on batches
+sampled from it, pushes new weights every ``--push-every`` seconds and, every
+``--checkpoint-every`` seconds, takes a consistent checkpoint inside
+``collector.pause()``. Every ``--sample-every`` seconds it records the resident memory
+(RSS) of the driver, the workers and (with ``--backend process``) the inference
+process, frames collected, updates and versions. At the end it checks that the
+collector shut down cleanly (no process, no shared-memory segment left) and writes
+``benchmarks/results/soak.json``. An error anywhere ends the run and is recorded.
+
+    python benchmarks/soak.py [--minutes 10] [--env pong] [--backend thread]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from background_training import BATCH, q_network
+from common import ENVS
+from policies import policy_for
+
+from rlcollect import AsyncBatchedCollector, ReplayBuffer
+
+RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        pass
+    return 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="soak: long background collection with a learner")
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--env", default="pong", choices=sorted(ENVS))
+    p.add_argument("--num-envs", type=int, default=4)
+    p.add_argument("--backend", default="thread", choices=["thread", "process"])
+    p.add_argument("--capacity", type=int, default=5_000)
+    p.add_argument("--push-every", type=float, default=2.0)
+    p.add_argument("--checkpoint-every", type=float, default=60.0)
+    p.add_argument("--sample-every", type=float, default=10.0)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    rb = ReplayBuffer(args.capacity, seed=0)
+    acting = policy_for(args.env)
+    q = q_network(args.env)
+    optimizer = torch.optim.Adam(q.parameters(), lr=1e-4)
+    samples: list[dict[str, Any]] = []
+    errors: list[str] = []
+    updates = pushes = checkpoints = 0
+    start = time.monotonic()
+    collector = AsyncBatchedCollector(
+        [ENVS[args.env]] * args.num_envs,
+        acting,
+        frames_per_batch=256,
+        total_frames=-1,
+        policy_device="cpu",
+        inference_backend=args.backend,
+        replay_buffer=rb,
+    )
+    pids = list(getattr(collector.transport, "pids", []))
+    inference_pid = getattr(collector._server, "pid", None)
+    shm = getattr(collector.transport, "shm_name", None)
+    try:
+        with collector:
+            collector.start()
+            next_push = next_checkpoint = next_sample = time.monotonic()
+            end = start + 60 * args.minutes
+            while (now := time.monotonic()) < end:
+                if len(rb) < BATCH[args.env]:
+                    collector.join(timeout=0.01)
+                    continue
+                batch = rb.sample(BATCH[args.env])
+                q_taken = q(batch["observation"].float()).gather(1, batch["action"][:, None])
+                loss = (q_taken.squeeze(1) - batch["next", "reward"]).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                updates += 1
+                if now >= next_push:
+                    collector.update_policy_weights_(acting)
+                    pushes += 1
+                    next_push = now + args.push_every
+                if now >= next_checkpoint:
+                    with collector.pause():
+                        buffer = io.BytesIO()
+                        torch.save({"rb": rb.state_dict(), "q": q.state_dict()}, buffer)
+                    checkpoints += 1
+                    next_checkpoint = now + args.checkpoint_every
+                if now >= next_sample:
+                    stats = collector.stats()
+                    samples.append(
+                        {
+                            "seconds": now - start,
+                            "frames": stats["frames"],
+                            "updates": updates,
+                            "policy_version": stats["policy_version"],
+                            "driver_rss_mib": rss_mib(os.getpid()),
+                            "workers_rss_mib": sum(rss_mib(pid) for pid in pids),
+                            "inference_rss_mib": rss_mib(inference_pid) if inference_pid else 0,
+                        }
+                    )
+                    s = samples[-1]
+                    print(
+                        f"{s['seconds']:6.0f} s  frames {s['frames']:9,d}  updates {updates:7,d}"
+                        f"  driver {s['driver_rss_mib']:7.1f} MiB  workers "
+                        f"{s['workers_rss_mib']:7.1f} MiB  inference "
+                        f"{s['inference_rss_mib']:6.1f} MiB",
+                        flush=True,
+                    )
+                    next_sample = now + args.sample_every
+            final = collector.stats()
+    except Exception:
+        errors.append(traceback.format_exc())
+        final = {}
+    seconds = time.monotonic() - start
+    left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    shm_left = shm is not None and os.path.exists(f"/dev/shm/{shm}")
+
+    first, last = (samples[1], samples[-1]) if len(samples) > 2 else ({}, {})
+    result = {
+        "benchmark": "soak",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "seconds": seconds,
+        "frames": final.get("frames"),
+        "frames_per_second": final.get("frames_per_second"),
+        "updates": updates,
+        "weight_pushes": pushes,
+        "checkpoints": checkpoints,
+        "errors": errors,
+        "processes_left": left,
+        "segment_left": shm_left,
+        "driver_rss_growth_mib": last.get("driver_rss_mib", 0) - first.get("driver_rss_mib", 0),
+        "workers_rss_growth_mib": last.get("workers_rss_mib", 0) - first.get("workers_rss_mib", 0),
+        "samples": samples,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
+    if errors or left or shm_left:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
