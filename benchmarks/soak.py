@@ -49,6 +49,23 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def rss_growth(samples: list[dict[str, Any]], warmup: float) -> dict[str, Any]:
+    """RSS change from the first sample after ``warmup`` seconds to the last one.
+
+    The warm-up covers filling the buffer and the first checkpoint, whose copies the
+    allocator keeps for the next ones; growth after it is what a leak would show.
+    """
+    steady = [s for s in samples if s["seconds"] >= warmup]
+    if len(steady) < 2:
+        return {"rss_growth_window_seconds": None}
+    first, last = steady[0], steady[-1]
+    out: dict[str, Any] = {"rss_growth_window_seconds": [first["seconds"], last["seconds"]]}
+    for part in ("driver", "workers", "inference"):
+        key = f"{part}_rss_mib"
+        out[f"{part}_rss_growth_mib"] = last[key] - first[key]
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="soak: long background collection with a learner")
     p.add_argument("--minutes", type=float, default=10.0)
@@ -139,7 +156,7 @@ def main() -> None:
     left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
     shm_left = shm is not None and os.path.exists(f"/dev/shm/{shm}")
 
-    first, last = (samples[1], samples[-1]) if len(samples) > 2 else ({}, {})
+    growth = rss_growth(samples, warmup=1.5 * args.checkpoint_every)
     result = {
         "benchmark": "soak",
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -154,8 +171,7 @@ def main() -> None:
         "errors": errors,
         "processes_left": left,
         "segment_left": shm_left,
-        "driver_rss_growth_mib": last.get("driver_rss_mib", 0) - first.get("driver_rss_mib", 0),
-        "workers_rss_growth_mib": last.get("workers_rss_mib", 0) - first.get("workers_rss_mib", 0),
+        **growth,
         "samples": samples,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -607,7 +607,8 @@ class AsyncBatchedCollector:
         Idempotent.
 
         Raises:
-            The background error, if collection failed and it was not raised yet.
+            CollectorError: the background error (a WorkerError or InferenceError), if
+                collection failed and it was not raised yet.
         """
         self._stopping.set()
         background = self._background
