@@ -89,11 +89,20 @@ class ReplayBuffer:
         ValueError: a bad capacity, device or seed, or ``pin_memory`` off the CPU.
         RuntimeError: CUDA is asked for (device or pinning) but not available.
 
-    Example::
-
-        buffer = ReplayBuffer(100_000, seed=0)
-        buffer.extend(batch)            # TensorDict [n]
-        minibatch = buffer.sample(256)  # TensorDict [256]
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> buffer = ReplayBuffer(1_000, seed=0)
+        >>> batch = TensorDict(
+        ...     {"observation": torch.zeros(8, 4), ("next", "reward"): torch.ones(8)},
+        ...     batch_size=[8],
+        ... )
+        >>> buffer.extend(batch)
+        >>> len(buffer), buffer.written
+        (8, 8)
+        >>> minibatch = buffer.sample(32)
+        >>> minibatch["next", "reward"].shape, buffer.sampled
+        (torch.Size([32]), 32)
     """
 
     def __init__(
