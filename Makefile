@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit docs bench-cpu clean
+.PHONY: demo test lint typecheck unit docs bench-cpu bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ docs: $(STAMP)
 
 bench-cpu: $(STAMP)
 	$(PY) benchmarks/cpu_collection.py
+
+# The benchmark suite's CPU half (about 14 minutes on 2 cores; results in
+# benchmarks/results/suite_cpu/), then the results page docs/results.md and its plots.
+# The GPU half runs on a CUDA machine: python -m benchmarks gpu --part 1|2|3.
+bench: $(STAMP)
+	$(PY) -m benchmarks cpu
+	$(PY) -m benchmarks report
 
 clean:
 	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -69,3 +69,26 @@ def test_training_loop_of_the_docs_home_page(tmp_path):
     script.write_text(code.replace("total_frames=100_000", "total_frames=6144"))
     out = run(str(script))
     assert "weights v3: mean episode length" in out, out
+
+
+@pytest.mark.slow
+def test_benchmark_suite_quick(tmp_path):
+    # Every series of the CPU suite end to end (fresh processes, JSON, the results page),
+    # with tiny budgets; the TorchRL peer is left out on purpose and must say so.
+    results = tmp_path / "results"
+    run("-m", "benchmarks", "cpu", "--quick", "--peers-path", "", "--out",
+        str(results / "suite_cpu"), timeout=600)  # fmt: skip
+    for series in ("peers", "pixels", "dqn_loop", "async_training"):
+        doc = json.loads((results / "suite_cpu" / f"{series}.json").read_text())
+        assert doc["complete"], series
+        assert doc["environment"]["versions"]["torch"], series
+        for name, row in doc["summary"].items():
+            assert row["failures"] == 0, (series, name, doc["runs"][name])
+            assert row["frames_per_second"]["median"] > 0, (series, name)
+    peers = json.loads((results / "suite_cpu" / "peers.json").read_text())
+    assert "torchrl is not installed" in peers["skipped"]["torchrl[process_slots-chunk64-eager]"]
+    docs = tmp_path / "docs"
+    run("-m", "benchmarks", "report", "--results", str(results), "--docs", str(docs))
+    page = (docs / "results.md").read_text()
+    assert "| `rlcollect[process_slots-chunkauto-eager]` |" in page, page
+    assert (docs / "results" / "headline.png").stat().st_size > 0

@@ -1,0 +1,1 @@
+"""rlcollect's benchmarks: standalone scripts, and the suite behind ``python -m benchmarks``."""

@@ -1,0 +1,1 @@
+"""The benchmark suite: series run in fresh processes, aggregated to JSON, rendered to docs."""

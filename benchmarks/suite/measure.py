@@ -1,0 +1,61 @@
+"""One timing protocol for every series: start up, warm up, then count frames for a window.
+
+A loop under test is a generator that yields the frames it completed at each step
+(a batch, a vector step, a received chunk). Start-up (process spawns, CUDA-graph
+capture, the first reset) ends at its first yield; the window starts right after a
+yield, once the warm-up is over, and ends at the first yield past ``measure_s``, so it
+spans whole steps only. CPU time is read for the whole driver process (every thread in
+it: the iterating thread, an in-process inference server, helper threads) and for the
+iterating thread alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+
+def measure(steps: Iterator[int], warmup_s: float, measure_s: float) -> dict[str, Any]:
+    """Run ``steps`` through start-up, warm-up and one timed window.
+
+    Args:
+        steps: yields the frames completed per step; must not end before the window does.
+        warmup_s: seconds after the first step that are not counted.
+        measure_s: length of the counted window, in seconds (at least one whole step).
+
+    Returns:
+        ``frames_per_second``, ``driver_cpu_ms_per_frame`` (process),
+        ``driver_thread_cpu_ms_per_frame`` (the iterating thread), ``steps_per_second``
+        (yields per second: batches, vector steps, learner updates), ``frames``,
+        ``seconds`` and ``startup_seconds`` (until the first step).
+    """
+    started = time.perf_counter()
+    next(steps)
+    startup = time.perf_counter() - started
+    warm_end = time.perf_counter() + warmup_s
+    for _ in steps:
+        if time.perf_counter() >= warm_end:
+            break
+    t0, c0, th0 = time.perf_counter(), time.process_time(), time.thread_time()
+    frames = count = 0
+    for n in steps:
+        frames += n
+        count += 1
+        if time.perf_counter() - t0 >= measure_s:
+            break
+    wall = time.perf_counter() - t0
+    cpu, thread_cpu = time.process_time() - c0, time.thread_time() - th0
+    if frames == 0:
+        raise RuntimeError(
+            f"no frames in the {wall:.2f} s window ({count} steps): the loop ended or stalled"
+        )
+    return {
+        "frames_per_second": frames / wall,
+        "driver_cpu_ms_per_frame": 1e3 * cpu / frames,
+        "driver_thread_cpu_ms_per_frame": 1e3 * thread_cpu / frames,
+        "steps_per_second": count / wall,
+        "frames": frames,
+        "seconds": wall,
+        "startup_seconds": startup,
+    }

@@ -1,0 +1,111 @@
+"""Hand-written peer loops on the same pixel task: what a user writes without a collector.
+
+* ``run_async_vector``: ``gymnasium.vector.AsyncVectorEnv`` over the same Pong envs
+  (one process each, same-step autoreset, so every step is a transition) and the same
+  policy, stepped in lockstep: act on all observations, step all envs, repeat.
+* ``run_atari_vector``: ale-py's native ``AtariVectorEnv`` (C++ threads in this
+  process) driven asynchronously with ``send``/``recv`` and ``batch_size = num_envs /
+  2``: the policy acts on whichever half of the envs is ready while the other half
+  steps. Its Pong is the same game and observation shape (4x105x80 grayscale, frame
+  skip 4, no sticky actions, no no-op starts) but preprocessed in C++ (area resize and
+  max-pooling of the last two frames) instead of by the Python wrappers.
+
+Both use :class:`benchmarks.suite.acting.FixedBatchStep`: eager on the CPU (one intra-op
+thread, these loops' faster setting on few cores), a CUDA graph on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from benchmarks.common import make_pong
+from benchmarks.suite.acting import FixedBatchStep, acting_policy
+from benchmarks.suite.measure import measure
+
+
+def _threads(config: dict[str, Any]) -> None:
+    if config["device"] == "cpu":
+        torch.set_num_threads(1)
+
+
+def run_async_vector(config: dict[str, Any]) -> dict[str, Any]:
+    _threads(config)
+    n = config["num_envs"]
+
+    def steps() -> Iterator[int]:
+        # forkserver: the env processes never inherit this process's CUDA state.
+        envs = gym.vector.AsyncVectorEnv(
+            [make_pong] * n,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+            context="forkserver",
+        )
+        try:
+            act = FixedBatchStep(
+                acting_policy(config["policy"], config["device"]),
+                n,
+                config["device"],
+                graph=config["graph"],
+            )
+            obs, _ = envs.reset(seed=0)
+            while True:
+                obs, *_ = envs.step(act(obs))
+                yield n
+        finally:
+            envs.close()
+
+    return _measured(steps(), config)
+
+
+def run_atari_vector(config: dict[str, Any]) -> dict[str, Any]:
+    from ale_py.vector_env import AtariVectorEnv
+
+    _threads(config)
+    n = config["num_envs"]
+    batch = max(1, n // 2)
+    threads = len(os.sched_getaffinity(0))  # one C++ stepping thread per core
+
+    def steps() -> Iterator[int]:
+        envs = AtariVectorEnv(
+            "pong",
+            n,
+            batch_size=batch,
+            num_threads=threads,
+            img_height=105,
+            img_width=80,
+            stack_num=4,
+            frameskip=4,
+            repeat_action_probability=0.0,
+            noop_max=0,
+            reward_clipping=False,
+            use_fire_reset=False,
+        )
+        try:
+            act = FixedBatchStep(
+                acting_policy(config["policy"], config["device"]),
+                batch,
+                config["device"],
+                graph=config["graph"],
+            )
+            obs, _ = envs.reset(seed=0)
+            while True:
+                envs.send(act(obs))
+                obs, *_ = envs.recv()
+                yield batch
+        finally:
+            envs.close()
+
+    result = _measured(steps(), config)
+    result.update(batch_size=batch, env_threads=threads)
+    return result
+
+
+def _measured(steps: Iterator[int], config: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return measure(steps, config["warmup_s"], config["measure_s"])
+    finally:
+        steps.close()

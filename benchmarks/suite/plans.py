@@ -1,0 +1,307 @@
+"""What each suite runs: the series, their configurations and their time budgets.
+
+A series is a set of named runs measured in the same invocation, interleaved repeat by
+repeat, so that ratios between its runs come from one run of the machine. Every run's
+configuration is recorded in the JSON as given here.
+
+Sizes per machine (:class:`Machine`): the CPU suite fits a 2-core development machine in
+under 15 minutes; the GPU suite assumes a CUDA device and about 16 cores, and each of
+its parts (``GPU_PARTS``) fits one 9-minute device call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Per-suite sizes."""
+
+    device: str  # where policies and learners run
+    policy: str  # the pixel series' acting policy (benchmarks.suite.acting.POLICIES)
+    graph: bool  # serve the policy as a CUDA graph (collector and hand loops alike)
+    num_envs: int  # envs in the pixel series
+    envs_per_worker: tuple[int, ...]  # the values the pixel matrix covers
+    dqn_envs: tuple[int, ...]  # num_envs points of the DQN-loop series
+    async_envs: int  # envs of the async-training series
+    warmup_s: float
+    measure_s: float
+    replay_capacity: int
+    quick: bool = False
+
+
+CPU = Machine(
+    device="cpu",
+    policy="small_cnn",
+    graph=False,
+    num_envs=4,
+    envs_per_worker=(1, 2),
+    dqn_envs=(1, 2, 4, 8),
+    async_envs=8,
+    warmup_s=0.5,
+    measure_s=2.0,
+    replay_capacity=4_000,
+)
+GPU = Machine(
+    device="cuda",
+    policy="nature_cnn",
+    graph=True,
+    num_envs=16,
+    envs_per_worker=(1, 4),
+    dqn_envs=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    async_envs=8,
+    warmup_s=0.5,
+    measure_s=2.5,
+    replay_capacity=50_000,
+)
+QUICK = replace(
+    CPU,
+    num_envs=2,
+    dqn_envs=(2,),
+    async_envs=2,
+    warmup_s=0.2,
+    measure_s=0.5,
+    replay_capacity=512,
+    quick=True,
+)
+# The GPU suite in device calls of under 9 minutes each (estimates in docs/results.md).
+GPU_PARTS = {"1": ("peers",), "2": ("pixels", "async_training"), "3": ("dqn_loop",)}
+LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
+ASYNC_WINDOW = 2.0  # the async-training runs measure twice as long: few frames per second
+
+
+@dataclass(frozen=True)
+class Series:
+    """Runs measured together; ``ratios``: (numerator, denominator) run names."""
+
+    name: str
+    title: str
+    runs: dict[str, dict[str, Any]]
+    ratios: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _execution(graph: bool) -> str:
+    return "graph" if graph else "eager"
+
+
+def _base(m: Machine, kind: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "device": m.device,
+        "warmup_s": m.warmup_s,
+        "measure_s": m.measure_s,
+        **extra,
+    }
+
+
+def _pixel(m: Machine, kind: str, **extra: Any) -> dict[str, Any]:
+    # 16 steps per env and batch: rlcollect's "auto" chunk then resolves to 16, a point
+    # of its own between 1 and 64.
+    config = _base(
+        m,
+        kind,
+        num_envs=m.num_envs,
+        frames_per_batch=16 * m.num_envs,
+        graph=m.graph,
+        policy=m.policy,
+    )
+    config.update(extra)
+    return config
+
+
+def _rlcollect(
+    m: Machine,
+    transport: str,
+    chunk: int | str,
+    epw: int = 1,
+    *,
+    graph: bool | None = None,
+    backend: str = "thread",
+    prefix: str = "rlcollect",
+) -> tuple[str, dict[str, Any]]:
+    graph = m.graph if graph is None else graph
+    # A chunk holds the same number of steps of each of a worker's envs, so it is at
+    # least envs_per_worker transitions: "1" becomes one step of each env.
+    size = chunk if chunk == "auto" else max(int(chunk), epw)
+    name = f"{transport}-chunk{size}" + (f"-epw{epw}" if epw > 1 else "")
+    name += f"-{_execution(graph)}" + ("-process_server" if backend == "process" else "")
+    config = _pixel(
+        m,
+        "rlcollect",
+        transport=transport,
+        chunk=size,
+        envs_per_worker=epw,
+        graph=graph,
+        inference_backend=backend,
+    )
+    return f"{prefix}[{name}]", config
+
+
+def _torchrl(m: Machine, chunk: int) -> tuple[str, dict[str, Any]]:
+    name = f"torchrl[process_slots-chunk{chunk}-eager]"
+    return name, _pixel(m, "torchrl", chunk=chunk, graph=False)
+
+
+def peers(m: Machine) -> Series:
+    """The headline: rlcollect, the envs alone and every peer, same task, same run.
+
+    It also holds the chunking comparison (chunk 1 vs 64 with the inference server in
+    a process of its own, on both collectors), so that TorchRL's slow start is paid once
+    per configuration.
+    """
+    env_only = f"env_only[{m.num_envs} procs]"
+    ex = _execution(m.graph)
+    head = dict([_rlcollect(m, "process_slots", 64), _rlcollect(m, "process_slots", "auto")])
+    if m.graph:  # like for like with TorchRL's documented (eager) settings
+        head.update([_rlcollect(m, "process_slots", 64, graph=False)])
+    peer_runs = {
+        f"async_vector_loop[{ex}]": _pixel(m, "async_vector"),
+        f"atari_vector_loop[batch{max(1, m.num_envs // 2)}-{ex}]": _pixel(m, "atari_vector"),
+        **dict([_torchrl(m, 64)]),
+    }
+    chunking = dict(
+        [
+            _rlcollect(m, "process_slots", 1, graph=False, backend="process"),
+            _rlcollect(m, "process_slots", 64, graph=False, backend="process"),
+            _torchrl(m, 1),
+        ]
+    )
+    if m.quick:  # one of each kind
+        head = dict([_rlcollect(m, "process_slots", "auto")])
+        chunking = dict([_rlcollect(m, "process_slots", 1, graph=False, backend="process")])
+    for config in chunking.values():
+        config["role"] = "chunking"  # left out of the headline plot and ratios
+    runs = {env_only: _pixel(m, "env_only"), **head, **peer_runs, **chunking}
+    ratios = tuple((h, other) for h in head for other in (env_only, *peer_runs))
+    return Series(
+        "peers",
+        "rlcollect and its peers on the pixel task, same run",
+        runs,
+        ratios,
+        notes=(
+            f"Pong 4x105x80 uint8, {m.num_envs} envs; every run serves the same policy "
+            f"({m.policy}, Gumbel-max sampling), frames_per_batch = 16 x num_envs.",
+            "rlcollect and the hand loops use the same execution (eager on CPU, a CUDA graph "
+            "on GPU); TorchRL runs its documented fast settings (eager). TorchRL's chunk "
+            "'auto' is at least 64 by its rule, so here it is the chunk-64 run.",
+            "On the CPU, rlcollect's server and the hand loops run the policy on one intra-op "
+            "thread; TorchRL's inference process keeps torch's default, as documented.",
+            "atari_vector_loop steps ale-py's C++ Pong (same shape; resize and max-pool "
+            "preprocessing, frame skip 4, no sticky actions, no no-op starts); every other "
+            "run steps the Python gymnasium Pong.",
+            "The process_server runs (rlcollect inference_backend='process') and the two "
+            "TorchRL runs serve the policy from a process of their own: their driver CPU "
+            "time per frame is the driver's own work (the chunking comparison).",
+        ),
+    )
+
+
+def pixels(m: Machine) -> Series:
+    runs: dict[str, dict[str, Any]] = {}
+    chunks: tuple[int | str, ...] = (1, "auto", 64)
+    if m.quick:
+        runs.update(
+            [
+                _rlcollect(m, "thread", 1, prefix="pixels"),
+                _rlcollect(m, "process_slots", 64, 2, prefix="pixels"),
+            ]
+        )
+    else:
+        runs.update(_rlcollect(m, "thread", c, prefix="pixels") for c in chunks)
+        runs.update(
+            _rlcollect(m, "process_slots", c, e, prefix="pixels")
+            for e in m.envs_per_worker
+            for c in chunks
+        )
+    return Series(
+        "pixels",
+        "Pixel collection: transports x transition_chunk_size x envs_per_worker",
+        runs,
+        notes=(
+            f"{m.num_envs} Pong envs, {m.policy} policy, {_execution(m.graph)}; "
+            "frames_per_batch = 16 x num_envs, so chunk 'auto' resolves to 16 steps per env.",
+            "Driver CPU ms/frame is the whole driver process, the in-process inference "
+            "server thread included.",
+        ),
+    )
+
+
+def dqn_loop(m: Machine) -> Series:
+    runs: dict[str, dict[str, Any]] = {}
+    for n in m.dqn_envs:
+        config = _base(
+            m,
+            "",
+            num_envs=n,
+            graph=m.graph,
+            capacity=m.replay_capacity,
+            learning_starts=LEARNING_STARTS,
+        )
+        runs[f"blocking[{n} envs]"] = {**config, "kind": "dqn_blocking"}
+        runs[f"rlcollect[{n} envs]"] = {**config, "kind": "dqn_rlcollect"}
+    ratios = tuple((f"rlcollect[{n} envs]", f"blocking[{n} envs]") for n in m.dqn_envs)
+    return Series(
+        "dqn_loop",
+        "DQN training loop: blocking step() vs the same loop fed by rlcollect",
+        runs,
+        ratios,
+        notes=(
+            "Nature CNN Q-network, epsilon-greedy (0.05) acting, one update on a batch of 32 "
+            "every 4 steps (num_envs frames each) from an rlcollect.ReplayBuffer on "
+            f"{m.device}; env frames/s with the learning included; 95% t-intervals over "
+            "the repeats.",
+            "blocking: gymnasium AsyncVectorEnv, act -> step() -> store -> train. rlcollect: "
+            "AsyncBatchedCollector(frames_per_batch=num_envs, replay_buffer=rb), "
+            f"{_execution(m.graph)} policy, new weights pushed after each update.",
+        ),
+    )
+
+
+def async_training(m: Machine) -> Series:
+    runs = {}
+    for ratio in (2,) if m.quick else (2, 16):
+        runs[f"train_ratio{ratio}[{m.async_envs} envs]"] = _base(
+            m,
+            "async_training",
+            num_envs=m.async_envs,
+            graph=m.graph,
+            train_ratio=ratio,
+            frames_per_batch=m.async_envs,
+            capacity=m.replay_capacity,
+            learning_starts=8 * m.async_envs,
+            push_every=16,
+            warmup_s=ASYNC_WINDOW * m.warmup_s,
+            measure_s=ASYNC_WINDOW * m.measure_s,
+        )
+    return Series(
+        "async_training",
+        "Async training at train ratio 2 and 16",
+        runs,
+        notes=(
+            "collector.start() into an rlcollect.ReplayBuffer, max_batch_size=1 (one "
+            "request per inference call), frames_per_batch = num_envs (the throttle's step), "
+            "a DQN learner (Nature CNN, batch 32) sampling "
+            "from the buffer in the driver; train_ratio throttles collection to the learner.",
+            "Published analogue (DreamerV3, 8 envs, inference batch 1, a world-model "
+            "learner): 85.2 (ratio 2) and 53.1 (ratio 16) frames/s.",
+        ),
+    )
+
+
+SERIES = {
+    "peers": peers,
+    "pixels": pixels,
+    "dqn_loop": dqn_loop,
+    "async_training": async_training,
+}
+
+
+def machine(suite: str, quick: bool, scale: float) -> Machine:
+    """The sizes for ``suite`` ("cpu" or "gpu"), time windows multiplied by ``scale``."""
+    m = {"cpu": CPU, "gpu": GPU}[suite]
+    if quick:
+        m = replace(QUICK, device=m.device, policy=m.policy, graph=m.graph)
+    return replace(m, warmup_s=m.warmup_s * scale, measure_s=m.measure_s * scale)

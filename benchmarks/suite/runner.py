@@ -1,0 +1,208 @@
+"""Runs a suite: every run in a fresh process, repeats interleaved, one JSON per series.
+
+Each run is ``python -m benchmarks child CONFIG`` in the repository root; the child
+prints its result as one marked JSON line. Repeat r of every run of a series happens
+before repeat r + 1 of any, so slow drift of a shared machine hits every run alike, and
+ratios are computed between runs of the same repeat, then summarised. The JSON is
+rewritten after every repeat, so a run cut short keeps what it measured
+(``complete: false``). A run that fails is recorded with its error and left out of the
+summaries; TorchRL runs are skipped with the reason when the peer install is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.suite.environment import ROOT, environment
+from benchmarks.suite.plans import Series
+from benchmarks.suite.stats import summarise
+
+MARK = "@@suite-result "
+KINDS = {
+    "rlcollect": "benchmarks.suite.pixels:run_rlcollect",
+    "env_only": "benchmarks.suite.pixels:run_env_only",
+    "async_vector": "benchmarks.suite.peers:run_async_vector",
+    "atari_vector": "benchmarks.suite.peers:run_atari_vector",
+    "torchrl": "benchmarks.suite.torchrl_peer:run_torchrl",
+    "dqn_blocking": "benchmarks.suite.dqn_loop:run_blocking",
+    "dqn_rlcollect": "benchmarks.suite.dqn_loop:run_rlcollect",
+    "async_training": "benchmarks.suite.async_training:run",
+}
+METRICS = (
+    "frames_per_second",
+    "driver_cpu_ms_per_frame",
+    "driver_thread_cpu_ms_per_frame",
+    "updates_per_second",
+    "startup_seconds",
+    "mean_batch_size",
+)
+PEER_VERSION = "0.14."  # torchrl and tensordict releases the peer series is written for
+
+
+def child(config_json: str) -> None:
+    """Run one configuration in this (fresh) process and print its result line."""
+    config = json.loads(config_json)
+    module, function = KINDS[config["kind"]].split(":")
+    result = getattr(importlib.import_module(module), function)(config)
+    print(MARK + json.dumps(result), flush=True)
+
+
+def _child_env(config: dict[str, Any], peers_path: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if config["kind"] == "torchrl" and peers_path:
+        # First on the path: its tensordict 0.14 shadows rlcollect's, in this child only.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(Path(peers_path).resolve()), env.get("PYTHONPATH")) if p
+        )
+    return env
+
+
+def peers_problem(peers_path: str | None) -> str | None:
+    """Why the TorchRL peer cannot run from ``peers_path``, or None when it can."""
+    if not peers_path:
+        return "torchrl is not installed: no --peers-path given and no .peers directory"
+    probe = "import tensordict, torchrl; print(torchrl.__version__, tensordict.__version__)"
+    env = _child_env({"kind": "torchrl"}, peers_path)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        return f"torchrl does not import from {peers_path}: {done.stderr.strip()[-300:]}"
+    versions = done.stdout.split()
+    if not all(v.startswith(PEER_VERSION) for v in versions):
+        return f"torchrl/tensordict {versions} found, the peer series needs {PEER_VERSION}x"
+    return None
+
+
+def fresh(config: dict[str, Any], peers_path: str | None, timeout: float) -> dict[str, Any]:
+    """Run ``config`` in a fresh process; its result, or ``{"error": ...}``."""
+    cmd = [sys.executable, "-m", "benchmarks", "child", json.dumps(config)]
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    result: dict[str, Any]
+    try:
+        done = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=_child_env(config, peers_path),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        result = {"error": f"timed out after {timeout:.0f} s", "stderr": str(exc.stderr)[-2000:]}
+    else:
+        result = {"error": f"exit status {done.returncode}, no result line"}
+        for line in done.stdout.splitlines():
+            if line.startswith(MARK):
+                result = json.loads(line[len(MARK) :])
+        if "error" in result:
+            result["stderr"] = done.stderr[-2000:]
+    result["process_seconds"] = time.perf_counter() - started
+    result["loadavg_1min_before"] = load
+    return result
+
+
+def _summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for name, results in runs.items():
+        ok = [r for r in results if "error" not in r]
+        row: dict[str, Any] = {"repeats": len(ok), "failures": len(results) - len(ok)}
+        for metric in METRICS:
+            values = [r[metric] for r in ok if r.get(metric) is not None]
+            if values:
+                row[metric] = summarise(values)
+        summary[name] = row
+    return summary
+
+
+def _ratios(series: Series, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for top, bottom in series.ratios:
+        if top not in runs or bottom not in runs:
+            continue
+        per_repeat = [
+            a["frames_per_second"] / b["frames_per_second"]
+            for a, b in zip(runs[top], runs[bottom], strict=False)
+            if "error" not in a and "error" not in b
+        ]
+        if per_repeat:
+            out[f"{top} / {bottom}"] = {
+                "numerator": top,
+                "denominator": bottom,
+                "per_repeat": per_repeat,
+                **summarise(per_repeat),
+            }
+    return out
+
+
+def run_series(
+    series: Series,
+    *,
+    suite: str,
+    repeats: int,
+    out_dir: Path,
+    peers_path: str | None,
+    deadline: float | None,
+) -> Path:
+    """Measure ``series`` and write ``out_dir / <name>.json``; returns its path."""
+    skipped: dict[str, str] = {}
+    configs = dict(series.runs)
+    if any(c["kind"] == "torchrl" for c in configs.values()):
+        problem = peers_problem(peers_path)
+        if problem:
+            for name in [n for n, c in configs.items() if c["kind"] == "torchrl"]:
+                skipped[name] = problem
+                del configs[name]
+    env = environment(peers_path)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{series.name}.json"
+    started = time.time()
+    complete = True
+    for rep in range(repeats):
+        for name, config in configs.items():
+            if deadline is not None and time.monotonic() > deadline:
+                complete = False
+                break
+            timeout = config["warmup_s"] + config["measure_s"] + 300
+            result = fresh(config, peers_path, timeout)
+            runs[name].append(result)
+            shown = result.get("error") or f"{result['frames_per_second']:,.0f} frames/s"
+            print(
+                f"[{series.name} {rep + 1}/{repeats}] {name}: {shown} "
+                f"({result['process_seconds']:.1f} s)",
+                flush=True,
+            )
+        document = {
+            "suite": suite,
+            "series": series.name,
+            "title": series.title,
+            "notes": list(series.notes),
+            "environment": env,
+            "loadavg_at_end": list(os.getloadavg()),
+            "seconds": time.time() - started,
+            "repeats": repeats,
+            "complete": complete and rep == repeats - 1,
+            "configs": configs,
+            "skipped": skipped,
+            "summary": _summary(runs),
+            "ratios": _ratios(series, runs),
+            "runs": runs,
+        }
+        path.write_text(json.dumps(document, indent=1) + "\n")
+        if not complete:
+            break
+    return path
