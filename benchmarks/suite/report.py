@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 SUITES = (("gpu", "GPU suite"), ("cpu", "CPU suite"))
+SHARED = 0.10  # other work's share of the machine's CPU time above which a section warns
 X, DASH = "\u00d7", "\u2013"  # the multiplication sign and the en dash, for the tables
 PUBLISHED_CHUNK_MS = (0.226, 0.037)  # TorchRL AsyncBatchedCollector, chunk 1 -> 64
 PUBLISHED_ASYNC_FPS = {2: 85.2, 16: 53.1}  # DreamerV3 async, 8 envs, inference batch 1
@@ -66,10 +67,21 @@ def _when(doc: dict[str, Any]) -> str:
     end = ", ".join(f"{x:.2f}" for x in doc["loadavg_at_end"])
     commit = (env.get("git_commit") or "unknown")[:10]
     commit += " with local changes" if env.get("git_dirty") else ""
-    return (
+    text = (
         f"*Measured {env['date']}, {doc['seconds'] / 60:.1f} min, {doc['repeats']} repeats; "
         f"load average (1, 5, 15 min) {load} at the start, {end} at the end; code {commit}.*"
     )
+    shares = sorted(r["other_cpu_share"] for rs in doc["runs"].values() for r in rs
+                    if "other_cpu_share" in r)  # fmt: skip
+    if shares and shares[len(shares) // 2] > SHARED:
+        text += (
+            f'\n\n!!! warning "Shared machine"\n    Other work on this machine took '
+            f"{100 * shares[len(shares) // 2]:.0f}% of its CPU time during the median run "
+            f"(up to {100 * shares[-1]:.0f}%): each run had only a share of the cores, so "
+            "these figures are lower and noisier than the machine's own; the ranges show "
+            "how much."
+        )
+    return text
 
 
 def _notes(doc: dict[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -86,10 +87,28 @@ def peers_problem(peers_path: str | None) -> str | None:
     return None
 
 
+def _machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (user, nice, system, irq, softirq)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (values[0] + values[1] + values[2] + values[5] + values[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def fresh(config: dict[str, Any], peers_path: str | None, timeout: float) -> dict[str, Any]:
-    """Run ``config`` in a fresh process; its result, or ``{"error": ...}``."""
+    """Run ``config`` in a fresh process; its result, or ``{"error": ...}``.
+
+    Also records how much of the machine other work took meanwhile: the machine's busy
+    CPU time over the run minus the run's own (the child and every descendant it
+    reaped), as a share of the run's wall time on all CPUs. On a shared machine that
+    share says how far to trust the figure.
+    """
     cmd = [sys.executable, "-m", "benchmarks", "child", json.dumps(config)]
     load = os.getloadavg()[0]
+    busy0, own0 = _machine_busy_seconds(), _children_seconds()
     started = time.perf_counter()
     result: dict[str, Any]
     try:
@@ -110,8 +129,11 @@ def fresh(config: dict[str, Any], peers_path: str | None, timeout: float) -> dic
                 result = json.loads(line[len(MARK) :])
         if "error" in result:
             result["stderr"] = done.stderr[-2000:]
-    result["process_seconds"] = time.perf_counter() - started
+    wall = time.perf_counter() - started
+    others = (_machine_busy_seconds() - busy0) - (_children_seconds() - own0)
+    result["process_seconds"] = wall
     result["loadavg_1min_before"] = load
+    result["other_cpu_share"] = max(0.0, others) / (wall * (os.cpu_count() or 1))
     return result
 
 
