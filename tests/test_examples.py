@@ -92,3 +92,50 @@ def test_benchmark_suite_quick(tmp_path):
     page = (docs / "results.md").read_text()
     assert "| `rlcollect[process_slots-chunkauto-eager]` |" in page, page
     assert (docs / "results" / "headline.png").stat().st_size > 0
+
+
+def check_dqn_summary(result, *, steps, learning_starts, batch_size, train_ratio, batch_rows):
+    """What both DQN examples promise in their JSON: the budget met exactly, the learner
+    kept to the train ratio by the collector, episodes logged in step order."""
+    assert result["env_steps"] == steps
+    # a batch is written only once the learner has sampled train_ratio rows per row
+    # collected before it: only the last batch of collection may have gone unlearned
+    owed = train_ratio * (steps - learning_starts - batch_rows)
+    assert result["updates"] * batch_size >= owed, result
+    curve = result["curve"]
+    assert len(curve) == result["episodes"]
+    ends = [steps_so_far for steps_so_far, _ in curve]
+    assert ends == sorted(ends) and all(0 < end <= steps for end in ends), ends
+
+
+def test_dqn_cartpole(tmp_path):
+    out = run(
+        "examples/dqn_cartpole.py",
+        *("--steps", "3000", "--learning-starts", "1000", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "dqn_cartpole.json").read_text())
+    check_dqn_summary(
+        result, steps=3000, learning_starts=1000, batch_size=128, train_ratio=64, batch_rows=64
+    )
+    # CartPole pays 1 a step: finished episodes add up to at most the steps taken
+    assert result["episodes"] > 0
+    assert sum(ret for _, ret in result["curve"]) <= 3000
+    assert "mean return (last 20)" in out, out
+    assert (tmp_path / "dqn_cartpole.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_dqn_atari(tmp_path):
+    # A Nature CNN update takes a good fraction of a second on a CPU: few of them here.
+    run(
+        "examples/dqn_atari.py",
+        *("--steps", "640", "--envs", "2", "--learning-starts", "512"),
+        *("--buffer-size", "1024", "--frames-per-batch", "64", "--log-every", "1"),
+        *("--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "dqn_atari.json").read_text())
+    check_dqn_summary(
+        result, steps=640, learning_starts=512, batch_size=32, train_ratio=8, batch_rows=64
+    )
+    assert result["while_learning"]["updates_per_second"] > 0
+    assert result["mean_inference_batch"] >= 1
