@@ -298,6 +298,7 @@ def _dqn_plot(doc: dict[str, Any], path: Path, title: str) -> None:
         ci = [0.0 if math.isnan(c) else c for c in ci]
         ax.errorbar(xs, means, yerr=ci, marker="o", capsize=3, label=label, color=color)
     ax.set_xscale("log", base=2)
+    ax.set_xticks([p[0] for p in points], [str(p[0]) for p in points])
     ax.set_yscale("log")
     ax.set_xlabel("num_envs")
     ax.set_ylabel("env frames/s with learning (mean, 95% CI)")
