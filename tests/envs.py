@@ -71,3 +71,13 @@ def frozen_lake():
 
 def pendulum():
     return gym.make("Pendulum-v1")
+
+
+def counting_vector(first, n, autoreset_mode="NextStep"):
+    """CountingEnvs ``first … first + n - 1`` in a gymnasium SyncVectorEnv."""
+    import functools
+
+    return gym.vector.SyncVectorEnv(
+        [functools.partial(CountingEnv, first + j) for j in range(n)],
+        autoreset_mode=autoreset_mode,
+    )

@@ -29,18 +29,15 @@ from gymnasium import spaces
 from tensordict import TensorDict
 
 from rlcollect.collector.batches import BatchBuilder
-from rlcollect.collector.worker import (
-    WorkerSpec,
-    observation_key,
-    run_worker,
-    transition_fields,
-)
+from rlcollect.collector.source import Source, describe
+from rlcollect.collector.spec import WorkerSpec, observation_key, transition_fields
+from rlcollect.collector.worker import run_worker
 from rlcollect.errors import ChannelClosed, CollectorError
 from rlcollect.inference.policy import PolicyRunner, output_fields
 from rlcollect.inference.server import BatchingConfig, InferenceServer
 from rlcollect.inference.step import ActionStep, DeviceStep, HostStep
 from rlcollect.transports.base import ServerEnd, Transport
-from rlcollect.transports.layout import Field, RingLayout
+from rlcollect.transports.layout import Field, RingLayout, Staging
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
 
@@ -53,6 +50,8 @@ _TRANSPORTS: dict[str, Callable[[], Transport]] = {
 }
 _SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
 _AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
+_DEFAULT_SPLITS = 2  # worker_splits by default, where envs_per_worker allows (measured in
+# docs/benchmarks.md)
 _POLL = 0.1  # seconds between liveness checks while waiting for chunks
 
 
@@ -68,9 +67,14 @@ class AsyncBatchedCollector:
     read one env's stream.
 
     Args:
-        env_fns: zero-argument callables, each returning a ``gymnasium.Env``. Env ``i``
-            is the one ``env_fns[i]`` builds. With ``transport="process_slots"`` they
-            travel to the workers with cloudpickle.
+        env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
+            ``gymnasium.vector.VectorEnv``. Env ``i`` is the one ``env_fns[i]`` builds;
+            a factory that returns a vector env of ``n`` sub-envs contributes ``n``
+            consecutive env indices instead (every factory must build the same kind of
+            env). A vector env with ``send``/``recv`` and ``batch_size < num_envs``
+            (ale-py's ``AtariVectorEnv``) is driven asynchronously; see
+            ``docs/usage.md``. With ``transport="process_slots"`` the factories travel to
+            the workers with cloudpickle.
         policy: a ``torch.nn.Module`` (receives the observation batch, returns the
             action tensor or a mapping holding ``action``) or a ``TensorDictModule``
             whose ``out_keys`` include ``action``. The collector serves a deep copy on
@@ -82,11 +86,17 @@ class AsyncBatchedCollector:
             ``"thread"`` (worker threads in this process), or a
             :class:`~rlcollect.transports.Transport` instance (used for this collector
             only).
-        envs_per_worker: envs stepped one after the other by each worker; the number of
-            envs must be a multiple of it.
-        transition_chunk_size: transitions per message from a worker, a multiple of
-            ``envs_per_worker`` (a chunk holds as many steps of each of the worker's
-            envs). ``"auto"`` gives each env ``frames_per_batch // num_envs`` steps per
+        envs_per_worker: env factories per worker (envs it steps one after the other,
+            or vector envs it drives in turn); ``len(env_fns)`` must be a multiple of it.
+        worker_splits: groups a worker's envs split into, each with its own request
+            outstanding: one group steps while the others wait for their actions
+            (double buffering). A divisor of ``envs_per_worker``; default (None): 2 when
+            ``envs_per_worker`` is even, else 1. With vector envs each vector env is a
+            group, so it must be ``envs_per_worker`` (the default there).
+        transition_chunk_size: transitions per message from a worker, a multiple of the
+            envs a worker steps (``envs_per_worker``, times the sub-envs of a vector env:
+            a chunk holds as many transitions as steps of each of the worker's envs).
+            ``"auto"`` gives each env ``frames_per_batch // num_envs`` steps per
             chunk, at least 1 and at most 64: a batch then draws on many envs rather
             than a few (fresher data, no env over-represented), while the per-message
             cost is already spread over many transitions where batches are large.
@@ -135,6 +145,7 @@ class AsyncBatchedCollector:
         total_frames: int = -1,
         transport: str | Transport = "process_slots",
         envs_per_worker: int = 1,
+        worker_splits: int | None = None,
         transition_chunk_size: int | str = "auto",
         max_batch_size: int | None = None,
         min_batch_size: int = 1,
@@ -151,19 +162,22 @@ class AsyncBatchedCollector:
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
         env_fns = _check_env_fns(env_fns)
-        num_envs = len(env_fns)
         _check_int("frames_per_batch", frames_per_batch, minimum=1)
         if total_frames != -1:
             _check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
         _check_int("envs_per_worker", envs_per_worker, minimum=1)
-        if num_envs % envs_per_worker:
+        if len(env_fns) % envs_per_worker:
             raise ValueError(
-                f"{num_envs} envs cannot be split into workers of envs_per_worker="
+                f"{len(env_fns)} envs cannot be split into workers of envs_per_worker="
                 f"{envs_per_worker}; use a divisor of the number of envs"
             )
-        chunk_steps = _chunk_steps(
-            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker
-        )
+        if worker_splits is not None:
+            _check_int("worker_splits", worker_splits, minimum=1, extra="or None")
+            if envs_per_worker % worker_splits:
+                raise ValueError(
+                    f"worker_splits={worker_splits} does not divide envs_per_worker="
+                    f"{envs_per_worker}: a worker's envs split into equal groups"
+                )
         if seed is not None:
             _check_int("seed", seed, minimum=0, extra="or None")
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
@@ -171,11 +185,6 @@ class AsyncBatchedCollector:
                 f"replay_buffer must have an extend(tensordict) method; got "
                 f"{type(replay_buffer).__name__}"
             )
-        batching = BatchingConfig(
-            max_batch_size=num_envs if max_batch_size is None else max_batch_size,
-            min_batch_size=min_batch_size,
-            batch_timeout=batch_timeout,
-        )
         transport_obj = _make_transport(transport)
         if isinstance(transport_obj, ProcessSlotTransport):
             _check_picklable(env_fns)
@@ -188,7 +197,19 @@ class AsyncBatchedCollector:
                 f"compile and cuda_graph need a CUDA policy_device; the policy runs on {device}"
             )
 
-        observation_space, action_space = _probe_spaces(env_fns[0])
+        source = _probe_source(env_fns[0])
+        observation_space, action_space = source.observation_space, source.action_space
+        groups = _groups(worker_splits, envs_per_worker, source)
+        num_envs = len(env_fns) * source.envs
+        worker_envs = envs_per_worker * source.envs
+        chunk_steps = _chunk_steps(
+            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
+        )
+        batching = BatchingConfig(
+            max_batch_size=num_envs if max_batch_size is None else max_batch_size,
+            min_batch_size=min_batch_size,
+            batch_timeout=batch_timeout,
+        )
         paths, obs_fields = _observation_fields(observation_space)
         served = _copy_policy(policy, device)
         runner = PolicyRunner(served, device, paths)
@@ -196,29 +217,36 @@ class AsyncBatchedCollector:
             _probe_policy(runner, observation_space, paths), action_space
         )
         fields = transition_fields(obs_fields, action_field, extra_fields)
+        staging = None
+        if source.vector:
+            staged = (*(f.key for f in obs_fields), action_field.key)
+            staged += (*(f.key for f in extra_fields), ("policy_version",))
+            staging = Staging(staged, source.batch_size)
+        num_workers = len(env_fns) // envs_per_worker
+        layout = RingLayout(
+            fields, num_workers, worker_envs, chunk_steps, _SLOTS, groups=groups, staging=staging
+        )
         step = _action_step(
             runner,
             dict(zip(paths, obs_fields, strict=True)),
             {f.key: f for f in (action_field, *extra_fields)},
-            max(batching.max_batch_size, envs_per_worker),
+            max(batching.max_batch_size, layout.request_columns),
             compile_options,
             cuda_graph,
         )
-        num_workers = num_envs // envs_per_worker
-        layout = RingLayout(fields, num_workers, envs_per_worker, chunk_steps, _SLOTS)
         programs = [
             functools.partial(
                 run_worker,
                 spec=WorkerSpec(
                     env_fns=tuple(env_fns[w * envs_per_worker : (w + 1) * envs_per_worker]),
-                    env_offset=w * envs_per_worker,
+                    env_offset=w * worker_envs,
                     seed=seed,
                     chunk_steps=chunk_steps,
                     slots=_SLOTS,
-                    observation_space=observation_space,
-                    action_space=action_space,
+                    source=source,
                     observation_paths=paths,
                     discrete_actions=isinstance(action_space, spaces.Discrete),
+                    groups=groups,
                 ),
             )
             for w in range(num_workers)
@@ -227,7 +255,8 @@ class AsyncBatchedCollector:
         self.num_envs = num_envs
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
-        self.transition_chunk_size = chunk_steps * envs_per_worker
+        self.worker_splits = groups
+        self.transition_chunk_size = chunk_steps * worker_envs
         self.policy_device = device
         self.observation_space = observation_space
         self.action_space = action_space
@@ -249,7 +278,7 @@ class AsyncBatchedCollector:
                 runner,
                 step,
                 self._end,
-                envs_per_worker=envs_per_worker,
+                layout=layout,
                 batching=batching,
                 output_keys=frozenset(f.key for f in (action_field, *extra_fields)),
             )
@@ -394,17 +423,38 @@ def _check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
     return list(env_fns)
 
 
-def _chunk_steps(chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int) -> int:
+def _chunk_steps(
+    chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int, source: Source
+) -> int:
     if chunk == "auto":
         return max(1, min(_AUTO_CHUNK_CAP, fpb // num_envs))
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f'transition_chunk_size must be "auto" or an int >= 1, got {chunk!r}')
-    if chunk % envs_per_worker:
+    worker_envs = envs_per_worker * source.envs
+    if chunk % worker_envs:
+        what = f"envs_per_worker={envs_per_worker}"
+        if source.vector:
+            what = f"the {worker_envs} envs of a worker ({what}, {source.sub_envs} sub-envs each)"
         raise ValueError(
-            f"transition_chunk_size={chunk} is not a multiple of envs_per_worker="
-            f"{envs_per_worker}: a chunk holds the same number of steps of every env of a worker"
+            f"transition_chunk_size={chunk} is not a multiple of {what}: a chunk holds the "
+            "same number of steps of every env of a worker"
         )
-    return chunk // envs_per_worker
+    return chunk // worker_envs
+
+
+def _groups(worker_splits: int | None, envs_per_worker: int, source: Source) -> int:
+    """Request groups per worker: ``worker_splits``, or its default."""
+    if source.vector:
+        if worker_splits not in (None, envs_per_worker):
+            raise ValueError(
+                f"worker_splits={worker_splits}, but with vector envs each of a worker's "
+                f"envs_per_worker={envs_per_worker} vector envs is a group of its own: "
+                "leave worker_splits at None or set it to envs_per_worker"
+            )
+        return envs_per_worker
+    if worker_splits is None:
+        return _DEFAULT_SPLITS if envs_per_worker % _DEFAULT_SPLITS == 0 else 1
+    return worker_splits
 
 
 def _make_transport(transport: str | Transport) -> Transport:
@@ -478,27 +528,14 @@ def _action_step(
         raise ValueError(f"the policy failed while {what}: {type(exc).__name__}: {exc}") from exc
 
 
-def _probe_spaces(env_fn: Callable[[], Any]) -> tuple[Any, Any]:
-    """Build env 0 once in the driver to learn the spaces every env must share."""
+def _probe_source(env_fn: Callable[[], Any]) -> Source:
+    """Build env 0 once in the driver to learn what every factory must build."""
     try:
         env = env_fn()
     except Exception as exc:
         raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
     try:
-        from gymnasium.vector import VectorEnv
-
-        if isinstance(env, VectorEnv):
-            raise TypeError(
-                "env_fns[0] returned a gymnasium VectorEnv; give one factory per env instead"
-            )
-        obs_space = getattr(env, "observation_space", None)
-        act_space = getattr(env, "action_space", None)
-        if not isinstance(obs_space, spaces.Space) or not isinstance(act_space, spaces.Space):
-            raise TypeError(
-                "env_fns[0] returned an object without gymnasium observation_space and "
-                f"action_space: {type(env).__name__}"
-            )
-        return obs_space, act_space
+        return describe(env, "env_fns[0]")
     finally:
         close = getattr(env, "close", None)
         if callable(close):
