@@ -7,7 +7,8 @@
                    ▼
     caller ◀─ TensorDict [frames_per_batch] ◀─ BatchBuilder (the iterating thread) ─▶ replay_buffer
 
-The collector checks its arguments, builds one env in the driver to learn the spaces,
+The collector checks its arguments, builds one env in the driver to learn the spaces
+(and whether factories build plain envs or vector envs, see ``source.py``),
 runs the policy once on sampled observations to learn its outputs, lays the ring out
 from both, starts the transport and the server, and then turns chunks into batches for
 as long as the caller iterates.
@@ -50,8 +51,6 @@ _TRANSPORTS: dict[str, Callable[[], Transport]] = {
 }
 _SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
 _AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
-_DEFAULT_SPLITS = 2  # worker_splits by default, where envs_per_worker allows (measured in
-# docs/benchmarks.md)
 _POLL = 0.1  # seconds between liveness checks while waiting for chunks
 
 
@@ -90,9 +89,10 @@ class AsyncBatchedCollector:
             or vector envs it drives in turn); ``len(env_fns)`` must be a multiple of it.
         worker_splits: groups a worker's envs split into, each with its own request
             outstanding: one group steps while the others wait for their actions
-            (double buffering). A divisor of ``envs_per_worker``; default (None): 2 when
-            ``envs_per_worker`` is even, else 1. With vector envs each vector env is a
-            group, so it must be ``envs_per_worker`` (the default there).
+            (double buffering). A divisor of ``envs_per_worker``; default (None): 1, which
+            measured fastest with the policy on the CPU (``docs/benchmarks.md``); try 2
+            where inference runs on a GPU and cores are free. With vector envs each
+            vector env is a group, so it must be ``envs_per_worker`` (the default there).
         transition_chunk_size: transitions per message from a worker, a multiple of the
             envs a worker steps (``envs_per_worker``, times the sub-envs of a vector env:
             a chunk holds as many transitions as steps of each of the worker's envs).
@@ -452,9 +452,9 @@ def _groups(worker_splits: int | None, envs_per_worker: int, source: Source) -> 
                 "leave worker_splits at None or set it to envs_per_worker"
             )
         return envs_per_worker
-    if worker_splits is None:
-        return _DEFAULT_SPLITS if envs_per_worker % _DEFAULT_SPLITS == 0 else 1
-    return worker_splits
+    # Default 1: on the 2-core development machine, with the policy on the CPU, splitting
+    # never paid (benchmarks/worker_splits.py, docs/benchmarks.md).
+    return 1 if worker_splits is None else worker_splits
 
 
 def _make_transport(transport: str | Transport) -> Transport:

@@ -180,9 +180,10 @@ def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
 
 
 class _VectorLoop:
+    """The loop's state: the worker's views of the ring and each env's bookkeeping."""
+
     def __init__(self, end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
         self.end = end
-        self.spec = spec
         self.drivers = [_VectorEnvDriver(env, spec, g) for g, env in enumerate(envs)]
         k = spec.num_envs
         self.k = k
@@ -207,7 +208,6 @@ class _VectorLoop:
         self.ended = np.zeros(k, bool)  # NextStep: the next result only resets the env
         self.in_flight = np.zeros(k, bool)  # asked to step or reset, result not yet back
         self.offset = spec.env_offset
-        self.discrete = spec.discrete_actions
 
     def run(self) -> None:
         self.end.wait_slot()
@@ -226,13 +226,15 @@ class _VectorLoop:
         driver = self.drivers[g]
         ids, obs, reward, term, trunc, info = result
         cols = driver.base + ids
-        if not self.in_flight[cols].all() or len(np.unique(cols)) != len(cols):
-            raise driver._fail("the result check") from ValueError(
-                f"results for sub-envs {ids.tolist()}, but only "
-                f"{np.flatnonzero(self.in_flight[driver.base : driver.base + driver.n]).tolist()}"
-                " had an action or a reset under way"
-            )
+        mine = self.in_flight[driver.base : driver.base + driver.n]
+        under_way = int(np.count_nonzero(mine))
         self.in_flight[cols] = False
+        # Every returned sub-env had a step under way, and none is named twice.
+        if under_way - int(np.count_nonzero(mine)) != len(cols):
+            raise driver._fail("the result check") from ValueError(
+                f"results for sub-envs {ids.tolist()}, but not all of them had an action or "
+                "a reset under way, or one is named twice"
+            )
         leaves = [self._checked(driver, _leaf(obs, path), key, len(ids))
                   for path, key in zip(self.paths, self.obs_keys, strict=True)]  # fmt: skip
         done = term | trunc
@@ -258,10 +260,10 @@ class _VectorLoop:
                 self.step[fin_done] = 0
                 if driver.mode is AutoresetMode.DISABLED:
                     self._reset_finished(driver, fin_done, cols, leaves)
-        # stage
+        # Stage: each env's cell holds its observation; the request names the envs.
         for key, leaf in zip(self.obs_keys, leaves, strict=True):
             self.staged[key][cols] = leaf
-        self.request_index[g, : len(cols)] = cols
+        self.request_index[g] = cols
         self.end.request(g)
 
     def _reset_finished(
