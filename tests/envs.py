@@ -117,3 +117,11 @@ def atari_vector(autoreset_mode="NextStep", num_envs=4, batch_size=2):
         noop_max=0,
         autoreset_mode=autoreset_mode,
     )
+
+
+class StepCountingVector(CountingVectorEnv):
+    """A CountingVectorEnv of StepCounters: StepCounter.steps counts its sub-envs' steps."""
+
+    def __init__(self, first, num_envs, batch_size, **kwargs):
+        super().__init__(first, num_envs, batch_size, **kwargs)
+        self.envs = [StepCounter(first + j) for j in range(num_envs)]

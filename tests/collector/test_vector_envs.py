@@ -7,12 +7,28 @@ tell which env, episode and step they are; on both transports.
 """
 
 import functools
+import threading
 
 import gymnasium as gym
 import pytest
 import torch
-from envs import LyingIds, cartpole, counting_vector, failing_vector
-from helpers import CountingPolicy, check_counting_streams, collect, streams
+from envs import (
+    LyingIds,
+    StepCounter,
+    StepCountingVector,
+    cartpole,
+    counting_vector,
+    failing_vector,
+)
+from helpers import (
+    CountingPolicy,
+    check_counting_streams,
+    collect,
+    process_gone,
+    shm_exists,
+    streams,
+    wait_until,
+)
 
 from rlcollect import AsyncBatchedCollector, WorkerError
 from rlcollect.testing import CountingEnv, CountingVectorEnv
@@ -206,3 +222,30 @@ def test_an_error_inside_a_vector_env_names_its_envs(transport):
             pass
     assert info.value.env_index == 3
     assert "failed on purpose in step" in str(info.value.__cause__)
+
+
+def test_in_flight_transitions_of_vector_envs_are_bounded_for_a_slow_consumer():
+    StepCounter.steps = 0
+    fns = [functools.partial(StepCountingVector, 4 * i, 4, 2) for i in range(2)]
+    with build(fns, frames_per_batch=16, total_frames=-1, transition_chunk_size=8) as c:
+        # the ring (2 slots of 2 steps of 4 envs per worker), one transition under way
+        # per env, a batch being built
+        bound = 2 * 2 * 2 * 4 + 8 + 16
+        taken = 0
+        for _ in range(3):
+            taken += next(c).batch_size[0]
+            threading.Event().wait(0.3)  # a slow learner: the workers get time to run ahead
+            assert StepCounter.steps <= taken + bound, (StepCounter.steps, taken)
+
+
+def test_shutdown_leaves_nothing_behind(transport):
+    c = build(async_factories(2, 4, 2), transport=transport, total_frames=-1)
+    next(c)
+    c.shutdown()
+    c.shutdown()
+    t = c.transport
+    if transport == "process_slots":
+        wait_until(lambda: all(process_gone(p) for p in t.pids), what="worker processes")
+        assert not shm_exists(t.shm_name)
+    else:
+        wait_until(lambda: not any(t.alive), what="worker threads")
