@@ -32,3 +32,13 @@ def make_cartpole() -> gym.Env:
 
 
 ENVS = {"cartpole": make_cartpole, "pong": make_pong}
+
+
+def make_atari_vector(num_envs: int, batch_size: int, num_threads: int) -> gym.vector.VectorEnv:
+    """ale-py's AtariVectorEnv: Pong, 84x84 grayscale, 4 stacked frames, frameskip 4;
+    driven with send/recv when ``batch_size < num_envs``."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    return AtariVectorEnv(
+        "pong", num_envs, batch_size=batch_size, num_threads=num_threads, stack_num=4
+    )

@@ -75,7 +75,7 @@ def server_latency(mode: str, iters: int) -> dict[int, float]:
     rng = np.random.default_rng(0)
     slots = 2 * max(SIZES)
     storage = mmap.mmap(-1, slots * int(np.prod(SHAPE)))  # page-aligned, like the ring
-    ring = np.frombuffer(storage, dtype=np.uint8).reshape(slots, 1, *SHAPE)
+    ring = np.frombuffer(storage, dtype=np.uint8).reshape(slots, *SHAPE)  # one row per slot
     ring[...] = rng.integers(0, 256, ring.shape, dtype=np.uint8)
     step.attach({(): ring}, register=register)
     assert step.gathers_on_device == register, "the ring could not be page-locked"

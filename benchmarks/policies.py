@@ -39,20 +39,24 @@ def policy_for(env_name: str) -> nn.Module:
 
 
 class NatureCNN(nn.Module):
-    """The DQN Nature CNN for 4x105x80 uint8 frames; samples by Gumbel-max.
+    """The DQN Nature CNN for 4-frame uint8 stacks (4x105x80 by default, or
+    ``frame_shape``, e.g. 84x84); samples by Gumbel-max.
 
     Gumbel-max (argmax of logits plus Gumbel noise) draws from the same distribution as
     ``Categorical(logits).sample()`` without a host synchronisation, so the whole action
     step can be captured in a CUDA graph.
     """
 
-    def __init__(self, num_actions: int = 6) -> None:
+    def __init__(self, num_actions: int = 6, frame_shape: tuple[int, int] = (105, 80)) -> None:
         super().__init__()
+        h, w = frame_shape
+        for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+            h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1
         self.net = nn.Sequential(
             nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(),
             nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-            nn.Flatten(), nn.Linear(64 * 9 * 6, 512), nn.ReLU(), nn.Linear(512, num_actions),
+            nn.Flatten(), nn.Linear(64 * h * w, 512), nn.ReLU(), nn.Linear(512, num_actions),
         )  # fmt: skip
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -5,7 +5,7 @@ import sys
 import gymnasium as gym
 import numpy as np
 
-from rlcollect.testing import CountingEnv
+from rlcollect.testing import CountingEnv, CountingVectorEnv
 
 
 def cartpole():
@@ -71,3 +71,57 @@ def frozen_lake():
 
 def pendulum():
     return gym.make("Pendulum-v1")
+
+
+def counting_vector(first, n, autoreset_mode="NextStep"):
+    """CountingEnvs ``first … first + n - 1`` in a gymnasium SyncVectorEnv."""
+    import functools
+
+    return gym.vector.SyncVectorEnv(
+        [functools.partial(CountingEnv, first + j) for j in range(n)],
+        autoreset_mode=autoreset_mode,
+    )
+
+
+def failing_vector():
+    """A SyncVectorEnv of 3 CountingEnvs whose third raises in step 4 of episode 0."""
+    import functools
+
+    fns = [functools.partial(CountingEnv, j) for j in range(3)]
+    fns[2] = functools.partial(CountingEnv, 2, fail_at=(0, 4))
+    return gym.vector.SyncVectorEnv(fns)
+
+
+class LyingIds(CountingVectorEnv):
+    """After its first result, names one sub-env twice in info['env_id']."""
+
+    def recv(self):
+        obs, reward, term, trunc, info = super().recv()
+        if getattr(self, "_lie", False):
+            info["env_id"] = np.full_like(info["env_id"], info["env_id"][0])
+        self._lie = True
+        return obs, reward, term, trunc, info
+
+
+def atari_vector(autoreset_mode="NextStep", num_envs=4, batch_size=2):
+    """ale-py's AtariVectorEnv: Pong, 84x84 grayscale, 4 stacked frames, episodes cut at
+    200 frames (50 steps: no noop starts, so every episode is as long)."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    return AtariVectorEnv(
+        "pong",
+        num_envs,
+        batch_size=batch_size,
+        num_threads=2,
+        max_num_frames_per_episode=200,
+        noop_max=0,
+        autoreset_mode=autoreset_mode,
+    )
+
+
+class StepCountingVector(CountingVectorEnv):
+    """A CountingVectorEnv of StepCounters: StepCounter.steps counts its sub-envs' steps."""
+
+    def __init__(self, first, num_envs, batch_size, **kwargs):
+        super().__init__(first, num_envs, batch_size, **kwargs)
+        self.envs = [StepCounter(first + j) for j in range(num_envs)]

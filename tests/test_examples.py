@@ -139,3 +139,31 @@ def test_dqn_atari(tmp_path):
     )
     assert result["while_learning"]["updates_per_second"] > 0
     assert result["mean_inference_batch"] >= 1
+
+
+@pytest.mark.slow
+def test_atari_throughput_benchmark(tmp_path):
+    out = run(
+        "benchmarks/atari_throughput.py",
+        *("--envs", "4", "--batch", "2", "--threads", "1", "--repeats", "1"),
+        *("--seconds", "0.5", "--warmup", "0.2", "--frames-per-batch", "64"),
+        *("--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "atari_throughput.json").read_text())
+    rows = result["summary"]
+    for name in ("env_only", "hand_loop", "rlcollect[thread-1x]", "rlcollect[process_slots-1x]"):
+        assert rows[name]["fps_median"] > 0, name
+    assert "ratio_to_hand_loop_median" in rows["rlcollect[thread-2x]"]
+    assert "| `rlcollect[thread-1x]` |" in out
+
+
+@pytest.mark.slow
+def test_worker_splits_benchmark(tmp_path):
+    out_file = tmp_path / "splits.json"
+    run(
+        "benchmarks/worker_splits.py",
+        *("--repeats", "1", "--envs", "cartpole", "--frames-scale", "0.02"),
+        *("--out", str(out_file)),
+    )
+    rows = json.loads(out_file.read_text())["summary"]["cartpole"]
+    assert rows["envs_per_worker=4,worker_splits=2"]["fps_median"] > 0

@@ -1,10 +1,13 @@
-"""Tools to test collectors and transports: an env that tells on itself, and a suite.
+"""Tools to test collectors and transports: envs that tell on themselves, and a suite.
 
 :class:`CountingEnv` writes its id, episode and step (and the last action it received)
 into its observation, so a test can check routing, order, gaps and episode ends row by
-row. :func:`check_transport` runs the transport conformance suite against any
-:class:`~rlcollect.transports.Transport` subclass, driving it with real worker loops
-over ``CountingEnv`` and a numpy stand-in for the inference server::
+row. :class:`CountingVectorEnv` is a vector env of CountingEnvs driven with
+``send``/``recv`` that returns an arbitrary (seeded) subset of its sub-envs each time,
+as native asynchronous vector envs do. :func:`check_transport` runs the transport
+conformance suite against any :class:`~rlcollect.transports.Transport` subclass,
+driving it with real worker loops over these envs and a numpy stand-in for the
+inference server::
 
     from rlcollect.testing import check_transport
     check_transport(MyTransport)          # raises AssertionError naming the failed check
@@ -23,15 +26,20 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 
-from rlcollect.collector.worker import WorkerSpec, run_worker, transition_fields
+from rlcollect.collector.source import Source
+from rlcollect.collector.spec import WorkerSpec, transition_fields
+from rlcollect.collector.worker import run_worker
 from rlcollect.errors import ChannelClosed, WorkerError
 from rlcollect.transports.base import ServerEnd, Transport
-from rlcollect.transports.layout import Field, RingLayout
+from rlcollect.transports.layout import Field, RingLayout, Staging, request_rows
 
 __all__ = [
     "CHECKS",
     "CountingEnv",
+    "CountingVectorEnv",
     "check_transport",
     "counting_actions",
     "counting_layout",
@@ -111,46 +119,174 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):  # type: ignore[misc]
         return self._obs(), reward, terminated, truncated, {}
 
 
+class CountingVectorEnv(VectorEnv):  # type: ignore[misc]
+    """CountingEnvs ``first … first + num_envs - 1`` as an asynchronous vector env.
+
+    ``recv`` returns ``batch_size`` sub-envs picked at random (seeded by ``order_seed``)
+    among those with a step or reset under way, named in ``info["env_id"]``; ``send``
+    gives actions to the sub-envs of the last result, in its order. ``reset`` starts
+    every sub-env and returns the first result. Autoreset follows ``autoreset_mode``
+    (``NextStep``: the step after an episode's end only resets; ``SameStep``: the
+    result that ends an episode carries the reset observation, the final one is in
+    ``info["final_obs"]``, a ``[batch_size, 4]`` array).
+    """
+
+    def __init__(
+        self,
+        first: int,
+        num_envs: int,
+        batch_size: int,
+        *,
+        autoreset_mode: str = "NextStep",
+        order_seed: int = 0,
+        num_actions: int = 5,
+    ) -> None:
+        if not 1 <= batch_size <= num_envs:
+            raise ValueError(f"batch_size {batch_size} must be in 1 … num_envs={num_envs}")
+        self.envs = [CountingEnv(first + j, num_actions=num_actions) for j in range(num_envs)]
+        self.num_envs = num_envs
+        self.batch_size = batch_size
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self.observation_space = batch_space(self.single_observation_space, batch_size)
+        self.action_space = batch_space(self.single_action_space, batch_size)
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.metadata = {"autoreset_mode": self.autoreset_mode}
+        self._rng = np.random.default_rng(order_seed)
+        self._under_way: dict[int, tuple[str, Any]] = {}  # sub-env → ("reset", seed) | ("step", a)
+        self._ended = np.zeros(num_envs, dtype=bool)
+        self._last = np.zeros(0, dtype=np.int64)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        for j in range(self.num_envs):
+            self._under_way[j] = ("reset", None if seed is None else seed + j)
+        obs, _, _, _, info = self.recv()
+        return obs, info
+
+    def send(self, actions: np.ndarray) -> None:
+        actions = np.asarray(actions)
+        if actions.shape[0] != len(self._last):
+            raise ValueError(f"{actions.shape[0]} actions for {len(self._last)} sub-envs")
+        for j, a in zip(self._last.tolist(), actions, strict=True):
+            if self._ended[j] and self.autoreset_mode is AutoresetMode.NEXT_STEP:
+                self._under_way[j] = ("reset", None)
+            else:
+                self._under_way[j] = ("step", a)
+
+    def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if len(self._under_way) < self.batch_size:
+            raise RuntimeError(
+                f"recv with {len(self._under_way)} sub-envs under way, fewer than batch_size"
+            )
+        ids = self._rng.choice(sorted(self._under_way), self.batch_size, replace=False)
+        b = self.batch_size
+        obs = np.zeros((b, 4), np.int64)
+        final = np.zeros((b, 4), np.int64)
+        reward = np.zeros(b, np.float64)
+        term = np.zeros(b, bool)
+        trunc = np.zeros(b, bool)
+        for c, j in enumerate(ids.tolist()):
+            op, arg = self._under_way.pop(j)
+            env = self.envs[j]
+            if op == "reset":
+                obs[c], _ = env.reset(seed=arg)
+                self._ended[j] = False
+                continue
+            obs[c], reward[c], term[c], trunc[c], _ = env.step(int(arg))
+            self._ended[j] = term[c] or trunc[c]
+            if self._ended[j] and self.autoreset_mode is AutoresetMode.SAME_STEP:
+                final[c] = obs[c]
+                obs[c], _ = env.reset()
+                self._ended[j] = False
+        info: dict[str, Any] = {"env_id": ids.astype(np.int32)}
+        if self.autoreset_mode is AutoresetMode.SAME_STEP and (term | trunc).any():
+            info["final_obs"] = final
+        self._last = ids
+        return obs, reward, term, trunc, info
+
+    def step(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        self.send(actions)
+        return self.recv()
+
+
 # ---------------------------------------------------------------------------- the suite
 
 _ACTIONS = 5
+_NEXT_STEP = AutoresetMode.NEXT_STEP
 _DEADLINE = 10.0  # seconds any single step of a check may take before it counts as a hang
 
 
 def counting_layout(
-    num_workers: int, envs_per_worker: int, chunk_steps: int, slots: int
+    num_workers: int,
+    envs_per_worker: int,
+    chunk_steps: int,
+    slots: int,
+    *,
+    groups: int = 1,
+    vector_batch: int = 0,
 ) -> RingLayout:
-    """A ring for CountingEnv workers (observation, action and the bookkeeping fields)."""
+    """A ring for CountingEnv workers (observation, action and the bookkeeping fields).
+
+    ``groups`` requests per worker; ``vector_batch > 0``: staged requests of that many
+    rows, for workers of ``groups`` CountingVectorEnvs (see :func:`counting_programs`).
+    """
     obs = Field(("observation",), (4,), np.dtype(np.int64))
     action = Field(("action",), (), np.dtype(np.int64))
     fields = transition_fields((obs,), action)
-    return RingLayout(fields, num_workers, envs_per_worker, chunk_steps, slots)
+    staging = None
+    if vector_batch:
+        staging = Staging((obs.key, action.key, ("policy_version",)), vector_batch)
+    return RingLayout(
+        fields, num_workers, envs_per_worker, chunk_steps, slots, groups=groups, staging=staging
+    )
 
 
 def counting_programs(
     layout: RingLayout, fail: dict[int, tuple[int, int]] | None = None
 ) -> list[Any]:
-    """Worker programs running CountingEnvs; ``fail`` maps env index to ``fail_at``."""
+    """Worker programs for ``layout``; ``fail`` maps env index to CountingEnv's ``fail_at``.
+
+    A staged layout gets ``groups`` CountingVectorEnvs per worker, each of
+    ``envs_per_worker // groups`` sub-envs returning ``request_columns`` at a time;
+    otherwise each worker steps ``envs_per_worker`` CountingEnvs.
+    """
     fail = fail or {}
     programs = []
     k = layout.envs_per_worker
+    space = gym.spaces.Box(0, 1 << 40, shape=(4,), dtype=np.int64)
+    actions = gym.spaces.Discrete(_ACTIONS)
     for w in range(layout.num_workers):
-        fns = tuple(
-            functools.partial(
-                CountingEnv, w * k + j, num_actions=_ACTIONS, fail_at=fail.get(w * k + j)
+        fns: tuple[Callable[[], Any], ...]
+        if layout.staging is not None:
+            n = k // layout.groups
+            b = layout.request_columns
+            fns = tuple(
+                functools.partial(CountingVectorEnv, w * k + g * n, n, b, order_seed=w * 7 + g)
+                for g in range(layout.groups)
             )
-            for j in range(k)
-        )
+            source = Source(space, actions, sub_envs=n, batch_size=b, autoreset=_NEXT_STEP)
+        else:
+            fns = tuple(
+                functools.partial(
+                    CountingEnv, w * k + j, num_actions=_ACTIONS, fail_at=fail.get(w * k + j)
+                )
+                for j in range(k)
+            )
+            source = Source(space, actions)
         spec = WorkerSpec(
             env_fns=fns,
             env_offset=w * k,
             seed=0,
             chunk_steps=layout.chunk_steps,
             slots=layout.slots,
-            observation_space=gym.spaces.Box(0, 1 << 40, shape=(4,), dtype=np.int64),
-            action_space=gym.spaces.Discrete(_ACTIONS),
+            source=source,
             observation_paths=((),),
             discrete_actions=True,
+            groups=layout.groups,
         )
         programs.append(functools.partial(run_worker, spec=spec))
     return programs
@@ -159,8 +295,9 @@ def counting_programs(
 class _Responder:
     """A numpy stand-in for the inference server, in a thread."""
 
-    def __init__(self, end: ServerEnd) -> None:
+    def __init__(self, end: ServerEnd, layout: RingLayout) -> None:
         self.end = end
+        self.layout = layout
         self.served = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -168,13 +305,16 @@ class _Responder:
         self._thread.start()
 
     def _run(self) -> None:
-        obs = self.end.buffers[("observation",)]
-        action = self.end.buffers[("action",)]
+        views = self.end.buffers
+        obs = self.layout.request_sources(views, ("observation",))
+        action = self.layout.request_sources(views, ("action",))
         try:
             while not self._stop.is_set():
                 requests = self.end.wait_requests(0.05)
-                for w, p in requests:
-                    action[w, p] = counting_actions(obs[w, p], _ACTIONS)
+                if requests:
+                    ws, qs = np.array(requests, dtype=np.intp).T
+                    rows = request_rows(self.layout, views, ws, qs)
+                    action[rows] = counting_actions(obs[rows], _ACTIONS)
                 self.end.respond([w for w, _ in requests])
                 self.served += len(requests)
         except ChannelClosed:
@@ -209,19 +349,18 @@ def _collect(end: ServerEnd, layout: RingLayout, want: int, release: bool = True
 def _chunk_rows(end: ServerEnd, layout: RingLayout, w: int, s: int) -> dict[str, np.ndarray]:
     sl = slice(s * layout.chunk_steps, (s + 1) * layout.chunk_steps)
     return {
-        "/".join(key): np.array(arr[w, sl]).reshape(-1, *arr.shape[3:])
-        for key, arr in end.buffers.items()
+        "/".join(f.key): np.array(end.buffers[f.key][w, sl]).reshape(-1, *f.shape)
+        for f in layout.fields
     }
 
 
-def check_round_trip(make_transport: Callable[[], Transport]) -> None:
+def _round_trip(make_transport: Callable[[], Transport], layout: RingLayout, want: int) -> None:
     """Chunks arrive in slot order per worker; every env's stream is whole and routed."""
-    layout = counting_layout(num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout))
-    responder = _Responder(end)
+    responder = _Responder(end, layout)
     try:
-        chunks = _collect(end, layout, want=30)
+        chunks = _collect(end, layout, want=want)
     finally:
         transport.close()
         responder.stop()
@@ -239,10 +378,36 @@ def check_round_trip(make_transport: Callable[[], Transport]) -> None:
             streams.setdefault(int(i), []).append(obs[obs[:, ENV_ID] == i])
     for i, parts in streams.items():
         seq = np.concatenate(parts)
+        assert seq[0, EPISODE] == 0 and seq[0, STEP] == 0, f"env {i} starts at {seq[0].tolist()}"
         for a, b in itertools.pairwise(seq):
             same = a[EPISODE] == b[EPISODE] and b[STEP] == a[STEP] + 1
             new = b[EPISODE] == a[EPISODE] + 1 and b[STEP] == 0
             assert same or new, f"env {i} stream jumps from {a.tolist()} to {b.tolist()}"
+
+
+def check_round_trip(make_transport: Callable[[], Transport]) -> None:
+    """One request per worker at a time: streams whole, actions routed, slots in order."""
+    layout = counting_layout(num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
+    _round_trip(make_transport, layout, want=30)
+
+
+def check_double_buffered_round_trip(make_transport: Callable[[], Transport]) -> None:
+    """Two requests per worker outstanding (two groups of envs): the same guarantees.
+
+    The transport must deliver a worker's requests in the order it made them and one
+    response per request.
+    """
+    layout = counting_layout(num_workers=2, envs_per_worker=4, chunk_steps=3, slots=2, groups=2)
+    _round_trip(make_transport, layout, want=30)
+
+
+def check_staged_round_trip(make_transport: Callable[[], Transport]) -> None:
+    """Vector envs returning arbitrary subsets of sub-envs (staged requests, two vector
+    envs per worker): every env's stream is still whole, in order and routed."""
+    layout = counting_layout(
+        num_workers=2, envs_per_worker=8, chunk_steps=3, slots=2, groups=2, vector_batch=2
+    )
+    _round_trip(make_transport, layout, want=30)
 
 
 def check_backpressure(make_transport: Callable[[], Transport]) -> None:
@@ -250,7 +415,7 @@ def check_backpressure(make_transport: Callable[[], Transport]) -> None:
     layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=3, slots=2)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout))
-    responder = _Responder(end)
+    responder = _Responder(end, layout)
     try:
         held = _collect(end, layout, want=4, release=False)
         assert sorted(w for w, _, _ in held) == [0, 0, 1, 1]
@@ -269,7 +434,7 @@ def check_worker_error(make_transport: Callable[[], Transport]) -> None:
     layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=2, slots=2)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout, fail={3: (1, 2)}))
-    responder = _Responder(end)
+    responder = _Responder(end, layout)
     deadline = time.monotonic() + _DEADLINE
     try:
         while True:
@@ -332,6 +497,8 @@ def check_close_unblocks_workers(make_transport: Callable[[], Transport]) -> Non
 
 CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
     "round_trip": check_round_trip,
+    "double_buffered_round_trip": check_double_buffered_round_trip,
+    "staged_round_trip": check_staged_round_trip,
     "backpressure": check_backpressure,
     "worker_error": check_worker_error,
     "abort": check_abort,

@@ -35,6 +35,14 @@ def build(env_fns=None, policy=None, **kwargs):
         ({"transport": "tcp"}, r"transport must be one of \['process_slots', 'thread'\]"),
         ({"envs_per_worker": 3}, "4 envs cannot be split into workers of envs_per_worker=3"),
         ({"envs_per_worker": 0}, "envs_per_worker must be an int >= 1"),
+        ({"worker_splits": 0}, "worker_splits must be an int >= 1 or None"),
+        ({"worker_splits": 2.0}, "worker_splits must be an int"),
+        ({"worker_splits": True}, "worker_splits must be an int"),
+        (
+            {"envs_per_worker": 4, "worker_splits": 3},
+            "worker_splits=3 does not divide envs_per_worker=4",
+        ),
+        ({"worker_splits": 2}, "worker_splits=2 does not divide envs_per_worker=1"),
         (
             {"envs_per_worker": 2, "transition_chunk_size": 3},
             "transition_chunk_size=3 is not a multiple of envs_per_worker=2",
@@ -91,11 +99,6 @@ def test_gpu_options_on_the_cpu(kwargs, match):
         ([cartpole, 3], TypeError, r"env_fns\[1\] is a int, not a callable"),
         ([lambda: "not an env"], TypeError, "without gymnasium observation_space"),
         ([lambda: gym.make("NoSuchEnv-v0")], ValueError, "env_fns\\[0\\] raised while building"),
-        (
-            [lambda: gym.vector.SyncVectorEnv([cartpole])],
-            TypeError,
-            "returned a gymnasium VectorEnv",
-        ),
     ],
 )
 def test_bad_env_fns(env_fns, error, match):

@@ -478,6 +478,7 @@ def test_box_actions_with_more_envs_per_worker_than_max_batch_size(transport):
         total_frames=900,
         transport=transport,
         envs_per_worker=4,
+        worker_splits=1,
         max_batch_size=2,
         policy_device="cpu",
     ) as c:

@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from rlcollect.transports.layout import Field, RingLayout, worker_views
+from rlcollect.transports.layout import (
+    STAGED,
+    Field,
+    RingLayout,
+    Staging,
+    request_rows,
+    worker_views,
+)
 
 FIELDS = (
     Field(("observation",), (3, 5), np.dtype(np.uint8)),
@@ -36,3 +43,60 @@ def test_bad_layouts_are_rejected():
     layout = RingLayout(FIELDS, 1, 1, 1, 1)
     with pytest.raises(ValueError, match="buffer holds"):
         layout.views(np.zeros(3, np.uint8))
+
+
+def test_in_place_requests_address_one_group_of_one_position():
+    layout = RingLayout(FIELDS, num_workers=2, envs_per_worker=4, chunk_steps=3, slots=2, groups=2)
+    views = layout.views(np.zeros(layout.nbytes, np.uint8))
+    assert layout.request_columns == 2 and layout.requests_per_worker == 12
+    obs = layout.request_sources(views, ("observation",))
+    assert obs.shape == (2 * 6 * 4, 3, 5)
+    assert np.shares_memory(obs, views[("observation",)])  # a view: nothing is copied
+    # worker 1, position 4, group 1 -> request 4 * 2 + 1
+    rows = request_rows(layout, views, np.array([1]), np.array([9]))
+    obs[rows] = 7
+    assert (views[("observation",)][1, 4, 2:] == 7).all()
+    assert views[("observation",)].sum() == 7 * 2 * 15
+
+
+def test_staged_requests_read_the_index_the_worker_wrote():
+    staging = Staging(keys=(("observation",), ("action",)), columns=3)
+    layout = RingLayout(FIELDS, 2, 8, 4, 2, groups=2, staging=staging)
+    buf = np.zeros(layout.nbytes, np.uint8)
+    views = layout.views(buf)
+    assert views[(STAGED, "observation")].shape == (2, 8, 3, 5)
+    assert views[(STAGED, "action")].shape == (2, 8)
+    assert views[(STAGED, "rows")].shape == (2, 2, 3)
+    assert (STAGED, "next", "reward") not in views  # only the named fields are staged
+    for arr in views.values():
+        assert (arr.ctypes.data - buf.ctypes.data) % 4096 == 0
+    assert layout.request_columns == 3 and layout.requests_per_worker == 2
+    views[(STAGED, "rows")][1, 0] = [5, 0, 6]
+    rows = request_rows(layout, views, np.array([1]), np.array([0]))
+    assert rows.tolist() == [13, 8, 14]
+    actions = layout.request_sources(views, ("action",))
+    actions[rows] = [1, 2, 3]
+    assert views[(STAGED, "action")][1].tolist() == [2, 0, 0, 0, 0, 1, 3, 0]
+    assert not views[("action",)].any()  # the transition field is the worker's to fill
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"groups": 3}, "4 envs per worker do not split into 3 equal groups"),
+        ({"groups": 2, "slots": 1}, "groups > 1 needs slots >= 2"),
+        ({"groups": 0}, "groups must be a positive int"),
+        (
+            {"staging": Staging(keys=(("value",),), columns=2)},
+            r"Staging names fields the ring lacks: \[\('value',\)\]",
+        ),
+    ],
+)
+def test_bad_request_layouts_are_rejected(kwargs, match):
+    args = {"num_workers": 1, "envs_per_worker": 4, "chunk_steps": 1, "slots": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        RingLayout(FIELDS, **args)
+    with pytest.raises(ValueError, match="may not start with 'staged'"):
+        RingLayout((Field((STAGED, "x"), (), np.dtype(np.uint8)),), 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="columns must be a positive int"):
+        Staging(keys=(("action",),), columns=0)

@@ -7,7 +7,8 @@
                    ▼
     caller ◀─ TensorDict [frames_per_batch] ◀─ BatchBuilder (the iterating thread) ─▶ replay_buffer
 
-The collector checks its arguments, builds one env in the driver to learn the spaces,
+The collector checks its arguments, builds one env in the driver to learn the spaces
+(and whether factories build plain envs or vector envs, see ``source.py``),
 runs the policy once on sampled observations to learn its outputs, lays the ring out
 from both, starts the transport and the server, and then turns chunks into batches for
 as long as the caller iterates.
@@ -32,12 +33,9 @@ from gymnasium import spaces
 from tensordict import TensorDict
 
 from rlcollect.collector.batches import BatchBuilder
-from rlcollect.collector.worker import (
-    WorkerSpec,
-    observation_key,
-    run_worker,
-    transition_fields,
-)
+from rlcollect.collector.source import Source, describe
+from rlcollect.collector.spec import WorkerSpec, observation_key, transition_fields
+from rlcollect.collector.worker import run_worker
 from rlcollect.errors import ChannelClosed, CollectorError
 from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner, output_fields
@@ -45,7 +43,7 @@ from rlcollect.inference.process import InferenceConfig, ProcessInference, Weigh
 from rlcollect.inference.server import BatchingConfig, InferenceServer
 from rlcollect.inference.step import build_action_step
 from rlcollect.transports.base import ServerEnd, Transport
-from rlcollect.transports.layout import Field, RingLayout
+from rlcollect.transports.layout import Field, RingLayout, Staging
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
 
@@ -75,9 +73,14 @@ class AsyncBatchedCollector:
     read one env's stream.
 
     Args:
-        env_fns: zero-argument callables, each returning a ``gymnasium.Env``. Env ``i``
-            is the one ``env_fns[i]`` builds. With ``transport="process_slots"`` they
-            travel to the workers with cloudpickle.
+        env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
+            ``gymnasium.vector.VectorEnv``. Env ``i`` is the one ``env_fns[i]`` builds;
+            a factory that returns a vector env of ``n`` sub-envs contributes ``n``
+            consecutive env indices instead (every factory must build the same kind of
+            env). A vector env with ``send``/``recv`` and ``batch_size < num_envs``
+            (ale-py's ``AtariVectorEnv``) is driven asynchronously; see
+            ``docs/usage.md``. With ``transport="process_slots"`` the factories travel to
+            the workers with cloudpickle.
         policy: a ``torch.nn.Module`` (receives the observation batch, returns the
             action tensor or a mapping holding ``action``) or a ``TensorDictModule``
             whose ``out_keys`` include ``action``. The collector serves a deep copy on
@@ -95,11 +98,18 @@ class AsyncBatchedCollector:
             ``"thread"`` (worker threads in this process), or a
             :class:`~rlcollect.transports.Transport` instance (used for this collector
             only).
-        envs_per_worker: envs stepped one after the other by each worker; the number of
-            envs must be a multiple of it.
-        transition_chunk_size: transitions per message from a worker, a multiple of
-            ``envs_per_worker`` (a chunk holds as many steps of each of the worker's
-            envs). ``"auto"`` gives each env ``frames_per_batch // num_envs`` steps per
+        envs_per_worker: env factories per worker (envs it steps one after the other,
+            or vector envs it drives in turn); ``len(env_fns)`` must be a multiple of it.
+        worker_splits: groups a worker's envs split into, each with its own request
+            outstanding: one group steps while the others wait for their actions
+            (double buffering). A divisor of ``envs_per_worker``; default (None): 1, which
+            measured fastest with the policy on the CPU (``docs/benchmarks.md``); try 2
+            where inference runs on a GPU and cores are free. With vector envs each
+            vector env is a group, so it must be ``envs_per_worker`` (the default there).
+        transition_chunk_size: transitions per message from a worker, a multiple of the
+            envs a worker steps (``envs_per_worker``, times the sub-envs of a vector env:
+            a chunk holds as many transitions as steps of each of the worker's envs).
+            ``"auto"`` gives each env ``frames_per_batch // num_envs`` steps per
             chunk, at least 1 and at most 64: a batch then draws on many envs rather
             than a few (fresher data, no env over-represented), while the per-message
             cost is already spread over many transitions where batches are large.
@@ -166,6 +176,7 @@ class AsyncBatchedCollector:
         total_frames: int = -1,
         transport: str | Transport = "process_slots",
         envs_per_worker: int = 1,
+        worker_splits: int | None = None,
         transition_chunk_size: int | str = "auto",
         max_batch_size: int | None = None,
         min_batch_size: int = 1,
@@ -192,19 +203,22 @@ class AsyncBatchedCollector:
         self._quiet = threading.Event()  # the background thread holds at a quiet point
 
         env_fns = _check_env_fns(env_fns)
-        num_envs = len(env_fns)
         _check_int("frames_per_batch", frames_per_batch, minimum=1)
         if total_frames != -1:
             _check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
         _check_int("envs_per_worker", envs_per_worker, minimum=1)
-        if num_envs % envs_per_worker:
+        if len(env_fns) % envs_per_worker:
             raise ValueError(
-                f"{num_envs} envs cannot be split into workers of envs_per_worker="
+                f"{len(env_fns)} envs cannot be split into workers of envs_per_worker="
                 f"{envs_per_worker}; use a divisor of the number of envs"
             )
-        chunk_steps = _chunk_steps(
-            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker
-        )
+        if worker_splits is not None:
+            _check_int("worker_splits", worker_splits, minimum=1, extra="or None")
+            if envs_per_worker % worker_splits:
+                raise ValueError(
+                    f"worker_splits={worker_splits} does not divide envs_per_worker="
+                    f"{envs_per_worker}: a worker's envs split into equal groups"
+                )
         if seed is not None:
             _check_int("seed", seed, minimum=0, extra="or None")
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
@@ -213,11 +227,6 @@ class AsyncBatchedCollector:
                 f"{type(replay_buffer).__name__}"
             )
         _check_train_ratio(train_ratio, learning_starts, replay_buffer)
-        batching = BatchingConfig(
-            max_batch_size=num_envs if max_batch_size is None else max_batch_size,
-            min_batch_size=min_batch_size,
-            batch_timeout=batch_timeout,
-        )
         transport_obj = _make_transport(transport)
         if isinstance(transport_obj, ProcessSlotTransport):
             _check_picklable(env_fns)
@@ -230,22 +239,43 @@ class AsyncBatchedCollector:
                 f"compile and cuda_graph need a CUDA policy_device; the policy runs on {device}"
             )
 
-        source = _policy_source(policy, policy_factory, inference_backend, transport_obj)
+        policy_source = _policy_source(policy, policy_factory, inference_backend, transport_obj)
 
-        observation_space, action_space = _probe_spaces(env_fns[0])
+        source = _probe_source(env_fns[0])
+        observation_space, action_space = source.observation_space, source.action_space
+        groups = _groups(worker_splits, envs_per_worker, source)
+        num_envs = len(env_fns) * source.envs
+        worker_envs = envs_per_worker * source.envs
+        chunk_steps = _chunk_steps(
+            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
+        )
+        batching = BatchingConfig(
+            max_batch_size=num_envs if max_batch_size is None else max_batch_size,
+            min_batch_size=min_batch_size,
+            batch_timeout=batch_timeout,
+        )
         paths, obs_fields = _observation_fields(observation_space)
         if policy is not None:
             served = _served_policy(policy, device, own=False)
         else:
-            served = _served_policy(_build_policy(source), device, own=True)
+            served = _served_policy(_build_policy(policy_source), device, own=True)
         runner = PolicyRunner(served, device, paths)
         action_field, extra_fields = output_fields(
             _probe_policy(runner, observation_space, paths), action_space
         )
         fields = transition_fields(obs_fields, action_field, extra_fields)
+        staging = None
+        if source.vector:
+            staged = (*(f.key for f in obs_fields), action_field.key)
+            staged += (*(f.key for f in extra_fields), ("policy_version",))
+            staging = Staging(staged, source.batch_size)
+        num_workers = len(env_fns) // envs_per_worker
+        layout = RingLayout(
+            fields, num_workers, worker_envs, chunk_steps, _SLOTS, groups=groups, staging=staging
+        )
         observations = dict(zip(paths, obs_fields, strict=True))
         outputs = {f.key: f for f in (action_field, *extra_fields)}
-        capacity = max(batching.max_batch_size, envs_per_worker)
+        capacity = max(batching.max_batch_size, layout.request_columns)
         step = None
         if inference_backend == "thread":
             step = build_action_step(
@@ -257,7 +287,7 @@ class AsyncBatchedCollector:
                 observation_paths=paths,
                 observations=tuple(observations.items()),
                 outputs=tuple(outputs.items()),
-                envs_per_worker=envs_per_worker,
+                layout=layout,
                 batching=batching,
                 capacity=capacity,
                 compile_options=compile_options,
@@ -265,21 +295,19 @@ class AsyncBatchedCollector:
                 weights=WeightsLayout.of(served.state_dict()),
             )
             del served, runner  # the inference process builds its own
-        num_workers = num_envs // envs_per_worker
-        layout = RingLayout(fields, num_workers, envs_per_worker, chunk_steps, _SLOTS)
         programs = [
             functools.partial(
                 run_worker,
                 spec=WorkerSpec(
                     env_fns=tuple(env_fns[w * envs_per_worker : (w + 1) * envs_per_worker]),
-                    env_offset=w * envs_per_worker,
+                    env_offset=w * worker_envs,
                     seed=seed,
                     chunk_steps=chunk_steps,
                     slots=_SLOTS,
-                    observation_space=observation_space,
-                    action_space=action_space,
+                    source=source,
                     observation_paths=paths,
                     discrete_actions=isinstance(action_space, spaces.Discrete),
+                    groups=groups,
                 ),
             )
             for w in range(num_workers)
@@ -288,7 +316,8 @@ class AsyncBatchedCollector:
         self.num_envs = num_envs
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
-        self.transition_chunk_size = chunk_steps * envs_per_worker
+        self.worker_splits = groups
+        self.transition_chunk_size = chunk_steps * worker_envs
         self.policy_device = device
         self.observation_space = observation_space
         self.action_space = action_space
@@ -315,7 +344,7 @@ class AsyncBatchedCollector:
                     runner,
                     step,
                     self._end,
-                    envs_per_worker=envs_per_worker,
+                    layout=layout,
                     batching=batching,
                     output_keys=frozenset(outputs),
                 )
@@ -324,7 +353,7 @@ class AsyncBatchedCollector:
                 self._server = ProcessInference(
                     transport_obj.request_channel(),
                     process_config,
-                    source,
+                    policy_source,
                     policy_is_factory=policy is None,
                 )
             self._server.start()
@@ -736,17 +765,38 @@ def _check_train_ratio(ratio: Any, learning_starts: Any, replay_buffer: Any) -> 
         )
 
 
-def _chunk_steps(chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int) -> int:
+def _chunk_steps(
+    chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int, source: Source
+) -> int:
     if chunk == "auto":
         return max(1, min(_AUTO_CHUNK_CAP, fpb // num_envs))
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f'transition_chunk_size must be "auto" or an int >= 1, got {chunk!r}')
-    if chunk % envs_per_worker:
+    worker_envs = envs_per_worker * source.envs
+    if chunk % worker_envs:
+        what = f"envs_per_worker={envs_per_worker}"
+        if source.vector:
+            what = f"the {worker_envs} envs of a worker ({what}, {source.sub_envs} sub-envs each)"
         raise ValueError(
-            f"transition_chunk_size={chunk} is not a multiple of envs_per_worker="
-            f"{envs_per_worker}: a chunk holds the same number of steps of every env of a worker"
+            f"transition_chunk_size={chunk} is not a multiple of {what}: a chunk holds the "
+            "same number of steps of every env of a worker"
         )
-    return chunk // envs_per_worker
+    return chunk // worker_envs
+
+
+def _groups(worker_splits: int | None, envs_per_worker: int, source: Source) -> int:
+    """Request groups per worker: ``worker_splits``, or its default."""
+    if source.vector:
+        if worker_splits not in (None, envs_per_worker):
+            raise ValueError(
+                f"worker_splits={worker_splits}, but with vector envs each of a worker's "
+                f"envs_per_worker={envs_per_worker} vector envs is a group of its own: "
+                "leave worker_splits at None or set it to envs_per_worker"
+            )
+        return envs_per_worker
+    # Default 1: on the 2-core development machine, with the policy on the CPU, splitting
+    # never paid (benchmarks/worker_splits.py, docs/benchmarks.md).
+    return 1 if worker_splits is None else worker_splits
 
 
 def _make_transport(transport: str | Transport) -> Transport:
@@ -794,27 +844,14 @@ def _compile_options(compile: Any) -> dict[str, Any] | None:
     )
 
 
-def _probe_spaces(env_fn: Callable[[], Any]) -> tuple[Any, Any]:
-    """Build env 0 once in the driver to learn the spaces every env must share."""
+def _probe_source(env_fn: Callable[[], Any]) -> Source:
+    """Build env 0 once in the driver to learn what every factory must build."""
     try:
         env = env_fn()
     except Exception as exc:
         raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
     try:
-        from gymnasium.vector import VectorEnv
-
-        if isinstance(env, VectorEnv):
-            raise TypeError(
-                "env_fns[0] returned a gymnasium VectorEnv; give one factory per env instead"
-            )
-        obs_space = getattr(env, "observation_space", None)
-        act_space = getattr(env, "action_space", None)
-        if not isinstance(obs_space, spaces.Space) or not isinstance(act_space, spaces.Space):
-            raise TypeError(
-                "env_fns[0] returned an object without gymnasium observation_space and "
-                f"action_space: {type(env).__name__}"
-            )
-        return obs_space, act_space
+        return describe(env, "env_fns[0]")
     finally:
         close = getattr(env, "close", None)
         if callable(close):

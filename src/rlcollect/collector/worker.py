@@ -1,75 +1,45 @@
-"""The worker loop: step envs, write each step into the ring, hand over full chunks.
+"""The worker: build the envs, then step them, writing each step into the ring.
 
 This module imports numpy and nothing of torch: it runs inside worker processes, which
-start in a fraction of a second because of that. One loop iteration is four named
-steps::
+start in a fraction of a second because of that. :func:`run_worker` builds the
+worker's envs, checks each against what the collector expects, and runs one of two
+loops: the vector-env loop (``vector_worker.py``) or the loop below, for envs stepped
+one by one.
 
-    write    the current observations of the worker's envs at position p
-    request  ring the doorbell, wait for the actions the server writes at p
-    step     step every env; write reward, flags and the next observation at p;
+The worker's envs split into ``groups`` groups of equal size. Each group has a request
+of its own, at most one outstanding, so that one group steps while the others wait for
+their actions (double buffering: the policy's latency hides behind env steps). One
+round of the loop visits the groups in order, at ring position ``p``::
+
+    wait     the response to group g's request: its actions are written at p
+    step     step group g's envs; write reward, flags and the next observation at p;
              an episode's end writes its true final observation, then resets
-    advance  p += 1; a full chunk is handed over, and the next slot awaited (backpressure)
+    advance  when p was a chunk's last position: the last group hands the chunk over,
+             the first group first takes the next slot (backpressure)
+    write    group g's current observations at p + 1, then request them
+
+Requests are numbered ``q = p * groups + g`` (the ring's in-place request layout), and
+the server answers them in the order they were made, so waiting for "the next
+response" is waiting for group g's. A chunk is complete once the last group has
+stepped its last position; the first group enters the next slot before that, which is
+why double buffering needs two slots.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rlcollect.collector.source import Source, describe
+from rlcollect.collector.spec import Path, WorkerSpec, observation_key
+from rlcollect.collector.vector_worker import vector_loop
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
-from rlcollect.transports.layout import Field, Key
 
-__all__ = ["WorkerSpec", "observation_key", "run_worker", "transition_fields"]
-
-Path = tuple[str, ...]
-
-
-def observation_key(path: Path, *, nxt: bool = False) -> Key:
-    """Ring key of the observation leaf at ``path`` (``()`` for a non-dict observation)."""
-    return (("next", "observation") if nxt else ("observation",)) + path
-
-
-def transition_fields(
-    observations: tuple[Field, ...], action: Field, extras: tuple[Field, ...] = ()
-) -> tuple[Field, ...]:
-    """Every ring field of a transition, given the observation leaves and policy outputs.
-
-    ``observations`` are keyed ``("observation", *path)``; their ``("next", ...)``
-    twins, the bookkeeping fields and the step results are added here.
-    """
-    return (
-        *observations,
-        *(Field(("next", *f.key), f.shape, f.dtype) for f in observations),
-        action,
-        *extras,
-        Field(("policy_version",), (), np.dtype(np.int64)),
-        Field(("env_index",), (), np.dtype(np.int64)),
-        Field(("episode",), (), np.dtype(np.int64)),
-        Field(("step",), (), np.dtype(np.int64)),
-        Field(("next", "reward"), (), np.dtype(np.float32)),
-        Field(("next", "terminated"), (), np.dtype(np.bool_)),
-        Field(("next", "truncated"), (), np.dtype(np.bool_)),
-    )
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything one worker needs; pickled into worker processes with cloudpickle."""
-
-    env_fns: tuple[Callable[[], Any], ...]
-    env_offset: int
-    seed: int | None
-    chunk_steps: int
-    slots: int
-    observation_space: Any
-    action_space: Any
-    observation_paths: tuple[Path, ...]
-    discrete_actions: bool
+__all__ = ["run_worker"]
 
 
 @contextmanager
@@ -108,14 +78,18 @@ class _ObservationWriter:
 def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
     """Run the worker loop until the transport closes (``ChannelClosed`` propagates)."""
     envs = []
+    per_factory = spec.source.envs
     for j, fn in enumerate(spec.env_fns):
-        env_index = spec.env_offset + j
+        env_index = spec.env_offset + j * per_factory
         with _blame(env_index, "construction"):
             env = fn()
-            _check_spaces(env, spec, env_index)
+            _check_source(describe(env, f"env_fns[{env_index // per_factory}]"), spec, env_index)
         envs.append(env)
     try:
-        _loop(end, spec, envs)
+        if spec.source.vector:
+            vector_loop(end, spec, envs)
+        else:
+            _loop(end, spec, envs)
     finally:
         for env in envs:
             try:
@@ -124,22 +98,35 @@ def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
                 pass  # closing is best effort; the loop's own error matters more
 
 
-def _check_spaces(env: Any, spec: WorkerSpec, env_index: int) -> None:
-    for name, expected in (
-        ("observation_space", spec.observation_space),
-        ("action_space", spec.action_space),
-    ):
-        got = getattr(env, name, None)
-        if got != expected:
+def _check_source(got: Source, spec: WorkerSpec, env_index: int) -> None:
+    expected = spec.source
+    what = f"env {env_index}" if not expected.vector else f"the vector env of env {env_index}"
+    for name in ("observation_space", "action_space"):
+        if getattr(got, name) != getattr(expected, name):
             raise ValueError(
-                f"env {env_index} has {name} {got}, but env 0 has {expected}; every env of a "
-                "collector must have the same spaces"
+                f"{what} has {name} {getattr(got, name)}, but env 0 has "
+                f"{getattr(expected, name)}; every env of a collector must have the same spaces"
+            )
+    for name, meaning in (
+        ("sub_envs", "sub-envs (0: not a vector env)"),
+        ("batch_size", "sub-envs per result (batch_size)"),
+        ("autoreset", "autoreset mode"),
+    ):
+        if getattr(got, name) != getattr(expected, name):
+            raise ValueError(
+                f"{what} has {getattr(got, name)} {meaning}, but env_fns[0] built one with "
+                f"{getattr(expected, name)}; every factory must build the same kind of env"
             )
 
 
 def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
     k = len(envs)
+    groups = spec.groups
+    width = k // groups
+    members = [range(g * width, (g + 1) * width) for g in range(groups)]
+    columns = [slice(g * width, (g + 1) * width) for g in range(groups)]
     steps = spec.chunk_steps
+    positions = steps * spec.slots
     buf = end.buffers
     obs_writer = _ObservationWriter(end, spec.observation_paths, nxt=False)
     next_writer = _ObservationWriter(end, spec.observation_paths, nxt=True)
@@ -161,49 +148,51 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
             obs, _ = env.reset(seed=seed)
         current.append(obs)
 
-    slot, t = 0, 0
-    end.wait_slot()
-    while True:
-        # write
-        p = slot * steps + t
-        for j in range(k):
+    def write(p: int, g: int) -> None:
+        for j in members[g]:
             obs_writer.write(p, j, current[j], int(env_ids[j]))
-        env_index_field[p] = env_ids
-        episode_field[p] = episode
-        step_field[p] = step
+        cols = columns[g]
+        env_index_field[p, cols] = env_ids[cols]
+        episode_field[p, cols] = episode[cols]
+        step_field[p, cols] = step[cols]
+        end.request(p * groups + g)
 
-        # request
-        end.request(p)
-        end.wait_response()
-
-        # step
-        actions = action[p]
-        for j, env in enumerate(envs):
-            a = int(actions[j]) if spec.discrete_actions else actions[j]
-            # try/except, not a context manager: this runs once per env step.
-            try:
-                obs, r, term, trunc, _ = env.step(a)
-            except Exception as exc:
-                raise EnvError(int(env_ids[j]), "step") from exc
-            next_writer.write(p, j, obs, int(env_ids[j]))
-            reward[p, j] = r
-            terminated[p, j] = term
-            truncated[p, j] = trunc
-            if term or trunc:
+    p = 0
+    end.wait_slot()
+    for g in range(groups):
+        write(p, g)
+    while True:
+        nxt = p + 1 if p + 1 < positions else 0
+        new_slot = nxt % steps == 0
+        for g in range(groups):
+            end.wait_response()
+            actions = action[p]
+            for j in members[g]:
+                env = envs[j]
+                a = int(actions[j]) if spec.discrete_actions else actions[j]
+                # try/except, not a context manager: this runs once per env step.
                 try:
-                    obs, _ = env.reset()
+                    obs, r, term, trunc, _ = env.step(a)
                 except Exception as exc:
-                    raise EnvError(int(env_ids[j]), "reset") from exc
-                episode[j] += 1
-                step[j] = 0
-            else:
-                step[j] += 1
-            current[j] = obs
-
-        # advance
-        t += 1
-        if t == steps:
-            end.hand_over(slot)
-            slot = (slot + 1) % spec.slots
-            t = 0
-            end.wait_slot()
+                    raise EnvError(int(env_ids[j]), "step") from exc
+                next_writer.write(p, j, obs, int(env_ids[j]))
+                reward[p, j] = r
+                terminated[p, j] = term
+                truncated[p, j] = trunc
+                if term or trunc:
+                    try:
+                        obs, _ = env.reset()
+                    except Exception as exc:
+                        raise EnvError(int(env_ids[j]), "reset") from exc
+                    episode[j] += 1
+                    step[j] = 0
+                else:
+                    step[j] += 1
+                current[j] = obs
+            if new_slot:
+                if g == groups - 1:
+                    end.hand_over(p // steps)
+                if g == 0:
+                    end.wait_slot()
+            write(nxt, g)
+        p = nxt

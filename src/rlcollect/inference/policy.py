@@ -21,8 +21,11 @@ from rlcollect.transports.layout import Field, Key
 
 __all__ = ["RESERVED_KEYS", "PolicyRunner"]
 
-#: Keys the collector writes itself; a policy output may not use them.
-RESERVED_KEYS = frozenset({"observation", "next", "env_index", "episode", "step", "policy_version"})
+#: Keys the collector writes itself, and the ring's name for staged copies (vector envs);
+#: a policy output may not use them.
+RESERVED_KEYS = frozenset(
+    {"observation", "next", "env_index", "episode", "step", "policy_version", "staged"}
+)
 
 Path = tuple[str, ...]
 

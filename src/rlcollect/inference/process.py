@@ -66,7 +66,7 @@ import torch
 from rlcollect.errors import InferenceError, RemoteTraceback
 from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.server import BatchingConfig
-from rlcollect.transports.layout import Field, Key
+from rlcollect.transports.layout import Field, Key, RingLayout
 from rlcollect.transports.process_slots import RequestChannel, attach_segment, unlink_segment
 
 __all__ = ["InferenceConfig", "ProcessInference", "WeightsLayout"]
@@ -120,7 +120,7 @@ class InferenceConfig:
     observation_paths: tuple[Path, ...]
     observations: tuple[tuple[Path, Field], ...]
     outputs: tuple[tuple[Key, Field], ...]
-    envs_per_worker: int
+    layout: RingLayout
     batching: BatchingConfig
     capacity: int
     compile_options: dict[str, Any] | None
@@ -421,7 +421,7 @@ def _inference_main() -> None:
             runner,
             step,
             end,
-            envs_per_worker=cfg.envs_per_worker,
+            layout=cfg.layout,
             batching=cfg.batching,
             output_keys=frozenset(key for key, _ in cfg.outputs),
         )

@@ -2,21 +2,24 @@
 
 Each pass of its loop is a few named, timed phases::
 
-    wait     collect requests (worker, position) until min_batch_size rows are ready
+    wait     collect requests (worker, request) until min_batch_size rows are ready
              or batch_timeout has passed since the oldest one arrived
-    gather   one ``np.take`` per observation field over (worker, position) into the
+    gather   one ``np.take`` per observation field over the requests' rows into the
              action step's input buffers (page-locked when the policy is on a GPU)
     h2d      host → device copy               ┐
     forward  the policy (eager, compiled or   │ the action step (``step.py``); weights
              a CUDA graph replay)             │ never change during it
     d2h      device → host copy of outputs    ┘
     scatter  actions and extra outputs, stamped with the weights version, written back
-             at each (worker, position)
-    respond  each served worker is woken (one message each)
+             into the requests' rows
+    respond  each served request's worker is woken (one message per request)
 
-A request holds the observations of all ``envs_per_worker`` envs of one worker, so a
-batch is a whole number of requests: at most ``max_batch_size`` rows, and never less
-than one request.
+A request holds ``layout.request_columns`` observations (one group of a worker's envs,
+or the sub-envs a vector env returned); which rows of the ring they are is
+``rlcollect.transports.layout.request_rows``. A batch is a whole number of requests:
+at most ``max_batch_size`` rows, and never less than one request. Requests are served
+in the order they arrived, so a worker holding several gets its responses in the order
+it asked: that is what lets a worker keep one request per group of envs outstanding.
 
 The first batch waits for the first request of every worker: workers start at
 different speeds (process start, env construction), and serving the early ones alone
@@ -40,7 +43,7 @@ from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import ServerEnd
-from rlcollect.transports.layout import Key
+from rlcollect.transports.layout import Key, RingLayout, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
 
@@ -80,7 +83,7 @@ class InferenceServer(InferenceBackend):
         step: the action step built around ``runner`` (host, or device with compile and
             CUDA graphs), holding at least ``max_batch_size`` rows.
         end: the driver's end of a started transport.
-        envs_per_worker: rows per request.
+        layout: the ring ``end`` was started with (how requests address it).
         batching: batch size limits and timeout.
         output_keys: the keys the policy returned when the collector was built.
 
@@ -97,23 +100,27 @@ class InferenceServer(InferenceBackend):
         step: ActionStep,
         end: ServerEnd,
         *,
-        envs_per_worker: int,
+        layout: RingLayout,
         batching: BatchingConfig,
         output_keys: frozenset[Key],
     ) -> None:
         self._runner = runner
         self._step = step
         self._end = end
-        self._k = envs_per_worker
+        self._layout = layout
+        self._k = layout.request_columns
         self._batching = batching
-        self._max_requests = max(1, batching.max_batch_size // envs_per_worker)
-        # Each observation field seen as [workers * positions, envs_per_worker, ...], so a
-        # batch is the rows at flat indices worker * positions + position.
-        step.attach({path: _flat(end.buffers[("observation", *path)]) for path in runner.paths})
-        self._positions = end.buffers[("policy_version",)].shape[1]
-        if step.capacity < max(batching.max_batch_size, envs_per_worker):
+        self._max_requests = max(1, batching.max_batch_size // self._k)
+        # Every field requests touch, seen as [rows, *shape]: a batch is the rows that
+        # request_rows names, read for observations and written for outputs.
+        views = end.buffers
+        step.attach(
+            {path: layout.request_sources(views, ("observation", *path)) for path in runner.paths}
+        )
+        if step.capacity < max(batching.max_batch_size, self._k):
             raise ValueError(f"the action step holds {step.capacity} rows, fewer than a batch")
-        self._version_field = end.buffers[("policy_version",)]
+        self._version_rows = layout.request_sources(views, ("policy_version",))
+        self._output_rows = {key: layout.request_sources(views, key) for key in output_keys}
         self._output_keys = frozenset(output_keys)
         self._weights_lock = threading.Lock()
         self._version = 0
@@ -125,7 +132,7 @@ class InferenceServer(InferenceBackend):
         self._phase_ns = dict.fromkeys(PHASES, 0)
         self._batches = 0
         self._rows = 0
-        self._batch_sizes = np.zeros(batching.max_batch_size + envs_per_worker + 1, np.int64)
+        self._batch_sizes = np.zeros(batching.max_batch_size + self._k + 1, np.int64)
         self._latencies = np.zeros(_LATENCIES, np.float64)
         self._served = 0
 
@@ -296,7 +303,7 @@ class InferenceServer(InferenceBackend):
             self._holding.clear()
 
     def _await_first_requests(self, pending: deque[tuple[int, int, float]]) -> None:
-        missing = set(range(self._version_field.shape[0]))
+        missing = set(range(self._layout.num_workers))
         while missing and not self._stop.is_set():
             if self._pause.is_set():
                 self._hold()
@@ -313,28 +320,28 @@ class InferenceServer(InferenceBackend):
         rows = n * self._k
         t0 = clock()
         workers = np.fromiter((b[0] for b in batch), dtype=np.intp, count=n)
-        positions = np.fromiter((b[1] for b in batch), dtype=np.intp, count=n)
-        self._step.load(workers * self._positions + positions)
+        requests = np.fromiter((b[1] for b in batch), dtype=np.intp, count=n)
+        flat = request_rows(self._layout, self._end.buffers, workers, requests)
+        self._step.load(flat)
         t1 = clock()
         with self._weights_lock:
             outputs, (h2d, d2h) = self._step.run(rows)
             version = self._version
         t2 = clock()
-        ring = self._end.buffers
         if outputs.keys() != self._output_keys:
             raise ValueError(
                 f"policy returned outputs {sorted(outputs)}, but {sorted(self._output_keys)} "
                 "when the collector was built"
             )
         for key, src in outputs.items():
-            dst = ring[key]
-            if src.shape[1:] != dst.shape[3:]:
+            dst = self._output_rows[key]
+            if src.shape[1:] != dst.shape[1:]:
                 raise ValueError(
                     f"policy output {key} has shape {src.shape[1:]} per env, but it had "
-                    f"{dst.shape[3:]} when the collector was built"
+                    f"{dst.shape[1:]} when the collector was built"
                 )
-            dst[workers, positions] = src.reshape(n, *dst.shape[2:])
-        self._version_field[workers, positions] = version
+            dst[flat] = src
+        self._version_rows[flat] = version
         t3 = clock()
         self._end.respond([int(w) for w in workers])
         t4 = clock()
@@ -354,8 +361,3 @@ class InferenceServer(InferenceBackend):
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
-
-
-def _flat(field: np.ndarray) -> np.ndarray:
-    """``[W, P, k, ...]`` → ``[W * P, k, ...]`` (a view: the ring is contiguous)."""
-    return field.reshape(field.shape[0] * field.shape[1], *field.shape[2:])

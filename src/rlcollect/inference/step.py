@@ -1,9 +1,11 @@
 """The action step: observations in the ring → policy → outputs in host buffers.
 
-The server binds the step to the ring once (``attach``), then per batch calls
-``load(flat)`` with the flat ring indices ``worker * positions + position`` of the
-batch's requests and ``run(rows)``, which returns the outputs as host arrays of
-``rows`` rows, valid until the next call. The strategy is chosen once, at construction:
+The server binds the step to the ring once (``attach``: each observation field as
+``[rows, *shape]``, see ``RingLayout.request_sources``), then per batch calls
+``load(flat)`` with the flat row indices of the batch's observations
+(``rlcollect.transports.layout.request_rows``) and ``run(rows)``, which returns the
+outputs as host arrays of ``rows`` rows, valid until the next call. The strategy is
+chosen once, at construction:
 
 ``HostStep`` (policy on the CPU)
     ``load`` gathers the rows with one ``np.take`` per observation field into buffers
@@ -86,16 +88,14 @@ class ActionStep(ABC):
         return False
 
     def attach(self, rings: Mapping[Path, np.ndarray]) -> None:
-        """Bind to the ring: each observation field as ``[workers * positions, k, ...]``."""
+        """Bind to the ring: each observation field as ``[rows, *shape]``."""
         self._rings = dict(rings)
 
     def load(self, flat: np.ndarray) -> int:
-        """Gather the rows of requests ``flat`` (flat ring indices); returns the row count."""
-        rows = 0
+        """Gather rows ``flat`` (flat row indices) of every field; returns the row count."""
+        rows = len(flat)
         for path, ring in self._rings.items():
-            rows = len(flat) * ring.shape[1]
-            out = self.inputs[path][:rows].reshape(len(flat), *ring.shape[1:])
-            np.take(ring, flat, axis=0, out=out, mode="clip")  # the indices are valid
+            np.take(ring, flat, axis=0, out=self.inputs[path][:rows], mode="clip")  # valid rows
         return rows
 
     @abstractmethod
@@ -163,7 +163,6 @@ class DeviceStep(ActionStep):
         self._index_pin = torch.empty(cap, dtype=torch.int64, pin_memory=True)
         self._index_np = self._index_pin.numpy()
         self._index_dev = torch.empty(cap, dtype=torch.int64, device=device)
-        self._requests = 0
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._events = [
             torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -210,8 +209,7 @@ class DeviceStep(ActionStep):
             return super().load(flat)
         n = len(flat)
         self._index_np[:n] = flat
-        self._requests = n
-        return n * int(next(iter(self._ring_views.values())).shape[1])
+        return n
 
     def close(self) -> None:
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
@@ -221,12 +219,10 @@ class DeviceStep(ActionStep):
 
     def _copy_up(self, rows: int) -> None:
         if self._ring_views:
-            n = self._requests
-            index = self._index_dev[:n]
-            index.copy_(self._index_pin[:n], non_blocking=True)
+            index = self._index_dev[:rows]
+            index.copy_(self._index_pin[:rows], non_blocking=True)
             for path, ring in self._ring_views.items():
-                out = self._device_in[path][:rows].view(n, *ring.shape[1:])
-                torch.index_select(ring, 0, index, out=out)
+                torch.index_select(ring, 0, index, out=self._device_in[path][:rows])
         else:
             for path, src in self._pinned_in.items():
                 self._device_in[path][:rows].copy_(src[:rows], non_blocking=True)

@@ -4,9 +4,9 @@
 
     worker                                    driver
     ──────                                    ──────
-    writes observation at position p
-    request(p) ───────────────────────────▶  wait_requests() → [(worker, p), ...]
-                                             (server writes action at p)
+    writes the observations of request q
+    request(q) ───────────────────────────▶  wait_requests() → [(worker, q), ...]
+                                             (server writes the actions of q)
     wait_response() ◀──────────────────────  respond([worker, ...])
     ... chunk slot s full ...
     hand_over(s) ─────────────────────────▶  wait_chunks() → [(worker, s), ...]
@@ -15,8 +15,17 @@
 
 Data never travels in these messages: it lives in the ring buffers that both ends see
 (``buffers``, laid out by :class:`~rlcollect.transports.layout.RingLayout`); messages
-carry indices only. A worker holds at most one outstanding request, and at most
-``layout.slots`` chunks it has not had back; a transport may rely on both bounds.
+carry indices only. What a request number ``q`` names in the ring is the layout's
+business (``layout.request_rows``), not the transport's.
+
+A worker holds at most ``layout.groups`` outstanding requests (one per group of envs:
+double buffering), and at most ``layout.slots`` chunks it has not had back; a transport
+may rely on both bounds. Each ``wait_response`` consumes one response, and responses are
+not labelled: a transport must deliver one worker's requests to ``wait_requests`` in
+the order the worker made them, and wake it once per entry in ``respond`` (a worker
+may appear more than once in one call). The inference server answers requests in the
+order they arrive, so the ``n``-th response a worker waits for is the one to its
+``n``-th request.
 
 A :class:`Transport` allocates the ring, starts one worker per program and returns the
 driver's :class:`ServerEnd`. Every wait on either end must end when the other side goes
@@ -44,16 +53,20 @@ class WorkerEnd(ABC):
 
     #: Index of this worker, 0 … num_workers - 1.
     index: int
-    #: This worker's part of the ring, every field as ``[positions, envs_per_worker, ...]``.
+    #: This worker's part of the ring: every array of ``RingLayout.views`` without its
+    #: leading worker dimension (transition fields ``[positions, envs_per_worker, ...]``).
     buffers: Mapping[Key, np.ndarray]
 
     @abstractmethod
     def request(self, position: int) -> None:
-        """Ask for actions: the observations at ``position`` are written."""
+        """Ask for actions: the observations of request ``position`` are written."""
 
     @abstractmethod
     def wait_response(self) -> None:
-        """Block until the actions for the last request are written. Raises ChannelClosed."""
+        """Block until the actions of the oldest unanswered request are written.
+
+        Raises ChannelClosed.
+        """
 
     @abstractmethod
     def hand_over(self, slot: int) -> None:
@@ -83,19 +96,23 @@ class ServerEnd(ABC):
     ``wait_chunks``/``release``. The two pairs must be safe to use from two threads.
     """
 
-    #: The whole ring, every field as ``[num_workers, positions, envs_per_worker, ...]``.
+    #: The whole ring: every array of ``RingLayout.views`` (transition fields
+    #: ``[num_workers, positions, envs_per_worker, ...]``).
     buffers: Mapping[Key, np.ndarray]
 
     @abstractmethod
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
-        """Requests ``(worker, position)`` that arrived, waiting up to ``timeout`` s for one.
+        """Requests ``(worker, request)`` that arrived, waiting up to ``timeout`` s for one.
+
+        One worker's requests come in the order it made them.
 
         Returns an empty list on timeout. Raises ChannelClosed once aborted.
         """
 
     @abstractmethod
     def respond(self, workers: Sequence[int]) -> None:
-        """Wake each worker in ``workers``: its actions are written."""
+        """Answer one request of each entry of ``workers`` (a worker listed twice gets two
+        responses): the actions are written."""
 
     @abstractmethod
     def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
@@ -136,16 +153,19 @@ def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailu
     """Describe ``exc`` as a :class:`WorkerFailure` (strings only, safe to send anywhere).
 
     An :class:`~rlcollect.errors.EnvError` is unwrapped: the failure names its env and
-    describes the env's own exception.
+    describes the env's own exception, followed by what the worker was doing with the
+    env (which names the sub-envs of a vector env).
     """
     env_index = -1
+    during = ""
     if isinstance(exc, EnvError) and exc.__cause__ is not None:
         env_index = exc.env_index
+        during = f" (during {exc.during})"
         exc = exc.__cause__
     return WorkerFailure(
         worker_index=worker_index,
         env_index=env_index,
         exc_type=type(exc).__qualname__,
-        message=str(exc),
+        message=f"{exc}{during}",
         traceback="".join(traceback.format_exception(exc)),
     )

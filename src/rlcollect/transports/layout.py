@@ -1,24 +1,49 @@
 """The rollout ring: where every transition field lives while a chunk is being built.
 
 Each worker owns ``slots`` chunk buffers of ``chunk_steps`` steps for each of its
-``envs_per_worker`` envs. A *position* ``p = slot * chunk_steps + t`` names one step of
-one worker; every field is laid out as ``[num_workers, positions, envs_per_worker,
-*shape]``, so the server gathers a batch with one fancy index over (worker, position)
-and the driver copies a chunk out with one slice. All fields share one flat buffer,
+``envs_per_worker`` envs (env columns: sub-envs of vector envs count one by one). A
+*position* ``p = slot * chunk_steps + t`` names one step of one worker; every
+transition field is laid out as ``[num_workers, positions, envs_per_worker, *shape]``,
+so the driver copies a chunk out with one slice. All fields share one flat buffer,
 which is what makes a single shared-memory segment enough for a whole collector.
+
+Requests (what the inference server reads observations from and writes actions into)
+address the ring in one of two ways, fixed per collector:
+
+*In place* (envs stepped one by one; ``staging is None``)
+    A worker's envs form ``groups`` equal groups of ``envs_per_worker // groups``
+    columns. Request ``q = p * groups + g`` is group ``g`` at position ``p``: the
+    server reads its observations from, and writes its actions into, the very cells
+    that become the chunk's transitions. Nothing is copied for a request.
+
+*Staged* (vector envs; ``staging`` set)
+    A vector env returns results for a subset of its sub-envs, so request columns do
+    not line up with per-env chunk columns. Each staged field (observation leaves,
+    policy outputs, ``policy_version``) has a second array
+    ``("staged", *key)`` of shape ``[num_workers, envs_per_worker, *shape]``: one cell
+    per env, holding that env's latest observation and the outputs computed from it.
+    Request ``q`` (``0 <= q < groups``, one per vector env of the worker) names the
+    ``staging.columns`` envs listed in ``("staged", "rows")[worker, q]``. The worker
+    copies each finished transition from the staging cells into the chunk.
+
+:func:`request_rows` turns ``(worker, request)`` pairs into flat row indices for
+either way, so the server and any stand-in for it gather and scatter the same rows.
 """
 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Field", "Key", "RingLayout"]
+__all__ = ["STAGED", "Field", "Key", "RingLayout", "Staging", "request_rows", "worker_views"]
 
 Key = tuple[str, ...]
+
+#: First name of every staged array's key; ``(STAGED, "rows")`` is the request index.
+STAGED = "staged"
 
 _ALIGN = 4096  # a page: no two fields share a cache line (no false sharing), and each
 # field can be page-locked (cudaHostRegister) on its own
@@ -38,62 +63,153 @@ class Field:
 
 
 @dataclass(frozen=True)
+class Staging:
+    """Staged requests (vector envs): which fields are staged, and rows per request."""
+
+    keys: tuple[Key, ...]
+    columns: int
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("Staging.keys must name at least one field")
+        if not isinstance(self.columns, int) or self.columns < 1:
+            raise ValueError(f"Staging.columns must be a positive int, got {self.columns!r}")
+
+
+@dataclass(frozen=True)
 class RingLayout:
-    """Shape of the rollout ring shared by all workers of one collector."""
+    """Shape of the rollout ring shared by all workers of one collector.
+
+    ``groups`` is the number of requests a worker may hold at once (double buffering:
+    one group of envs steps while another waits for its actions).
+    """
 
     fields: tuple[Field, ...]
     num_workers: int
     envs_per_worker: int
     chunk_steps: int
     slots: int
+    groups: int = 1
+    staging: Staging | None = None
 
     def __post_init__(self) -> None:
-        for name in ("num_workers", "envs_per_worker", "chunk_steps", "slots"):
+        for name in ("num_workers", "envs_per_worker", "chunk_steps", "slots", "groups"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RingLayout.{name} must be a positive int, got {value!r}")
         keys = [f.key for f in self.fields]
         if len(set(keys)) != len(keys):
             raise ValueError(f"RingLayout has duplicate field keys: {keys}")
+        if any(key[0] == STAGED for key in keys):
+            raise ValueError(f"field keys may not start with {STAGED!r}: {keys}")
+        if self.staging is None and self.envs_per_worker % self.groups:
+            raise ValueError(
+                f"RingLayout: {self.envs_per_worker} envs per worker do not split into "
+                f"{self.groups} equal groups"
+            )
+        if self.groups > 1 and self.slots < 2:
+            # The first group enters a new slot before the last one hands the old one over.
+            raise ValueError("RingLayout with groups > 1 needs slots >= 2")
+        if self.staging is not None:
+            missing = set(self.staging.keys) - set(keys)
+            if missing:
+                raise ValueError(f"Staging names fields the ring lacks: {sorted(missing)}")
 
     @property
     def positions(self) -> int:
         """Steps one worker can hold in the ring: ``slots * chunk_steps``."""
         return self.slots * self.chunk_steps
 
-    def _field_shape(self, field: Field) -> tuple[int, ...]:
-        return (self.num_workers, self.positions, self.envs_per_worker, *field.shape)
+    @property
+    def request_columns(self) -> int:
+        """Env observations per request."""
+        if self.staging is not None:
+            return self.staging.columns
+        return self.envs_per_worker // self.groups
 
-    def _offsets(self) -> list[tuple[Field, int, int]]:
+    @property
+    def requests_per_worker(self) -> int:
+        """Distinct request numbers of one worker: ``0 <= q < requests_per_worker``."""
+        return self.groups if self.staging is not None else self.positions * self.groups
+
+    def _arrays(self) -> Iterator[tuple[Key, tuple[int, ...], np.dtype[np.generic]]]:
+        w, p, k = self.num_workers, self.positions, self.envs_per_worker
+        by_key = {f.key: f for f in self.fields}
+        for f in self.fields:
+            yield f.key, (w, p, k, *f.shape), f.dtype
+        if self.staging is not None:
+            for key in self.staging.keys:
+                f = by_key[key]
+                yield (STAGED, *key), (w, k, *f.shape), f.dtype
+            yield (STAGED, "rows"), (w, self.groups, self.staging.columns), np.dtype(np.int64)
+
+    def _offsets(self) -> list[tuple[Key, tuple[int, ...], np.dtype[np.generic], int, int]]:
         out = []
         offset = 0
-        for field in self.fields:
-            nbytes = int(np.prod(self._field_shape(field))) * field.dtype.itemsize
-            out.append((field, offset, nbytes))
+        for key, shape, dtype in self._arrays():
+            nbytes = int(np.prod(shape)) * dtype.itemsize
+            out.append((key, shape, dtype, offset, nbytes))
             offset += -(-nbytes // _ALIGN) * _ALIGN
         return out
 
     @property
     def nbytes(self) -> int:
-        """Size of the flat buffer that holds every field (at least one byte)."""
+        """Size of the flat buffer that holds every array (at least one byte)."""
         offsets = self._offsets()
         if not offsets:
             return 1
-        _, last, size = offsets[-1]
+        *_, last, size = offsets[-1]
         return max(1, last + size)
 
     def views(self, buffer: memoryview | mmap.mmap | np.ndarray) -> dict[Key, np.ndarray]:
-        """Numpy views of every field over ``buffer`` (``nbytes`` long, writable)."""
+        """Numpy views of every array over ``buffer`` (``nbytes`` long, writable).
+
+        Transition fields under their keys, ``[num_workers, positions, envs_per_worker,
+        *shape]``; staged arrays (if any) under ``("staged", *key)``,
+        ``[num_workers, envs_per_worker, *shape]``, and the request index under
+        ``("staged", "rows")``, ``[num_workers, groups, columns]``.
+        """
         flat = np.frombuffer(buffer, dtype=np.uint8)
         if flat.size < self.nbytes:
             raise ValueError(f"buffer holds {flat.size} bytes, the ring needs {self.nbytes}")
         out: dict[Key, np.ndarray] = {}
-        for field, offset, nbytes in self._offsets():
-            raw = flat[offset : offset + nbytes]
-            out[field.key] = raw.view(field.dtype).reshape(self._field_shape(field))
+        for key, shape, dtype, offset, nbytes in self._offsets():
+            out[key] = flat[offset : offset + nbytes].view(dtype).reshape(shape)
         return out
+
+    def request_sources(self, views: Mapping[Key, np.ndarray], key: Key) -> np.ndarray:
+        """Where requests read or write field ``key``: ``[rows, *shape]``, all workers.
+
+        Index it with :func:`request_rows`. In place that is the transition field
+        itself; staged, its per-env staging array. A view, never a copy.
+        """
+        if self.staging is not None:
+            array = views[(STAGED, *key)]
+            return array.reshape(-1, *array.shape[2:])
+        array = views[key]
+        return array.reshape(-1, *array.shape[3:])
+
+
+def request_rows(
+    layout: RingLayout,
+    views: Mapping[Key, np.ndarray],
+    workers: np.ndarray,
+    requests: np.ndarray,
+) -> np.ndarray:
+    """Flat rows (into :meth:`RingLayout.request_sources`) of requests ``(workers[i],
+    requests[i])``, request by request: ``[len(workers) * request_columns]`` intp."""
+    c = layout.request_columns
+    if layout.staging is not None:
+        per_worker = layout.envs_per_worker
+        envs = views[(STAGED, "rows")][workers, requests]
+        rows: np.ndarray = (workers[:, None] * per_worker + envs).reshape(-1)
+        return rows.astype(np.intp, copy=False)
+    per_worker = layout.positions * layout.envs_per_worker
+    first = workers * per_worker + requests * c
+    out: np.ndarray = (first[:, None] + np.arange(c)).reshape(-1)
+    return out.astype(np.intp, copy=False)
 
 
 def worker_views(views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.ndarray]:
-    """One worker's part of the ring: every field as ``[positions, envs_per_worker, ...]``."""
+    """One worker's part of the ring: every array without its leading worker dimension."""
     return {key: array[worker] for key, array in views.items()}

@@ -21,17 +21,25 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   and is the only one to unlink it, except that a worker which finds the driver gone
   unlinks it too (``shm_unlink`` of a removed name is harmless), so that a driver
   killed with SIGKILL leaves no segment behind.
-* A worker writes the observation fields of position ``p`` and only then writes the
-  8-byte message ``(i, p)`` to the requests pipe. The server reads ``ring[..., i, p]``
-  only after it has read that message. A pipe ``write``/``read`` pair orders memory
-  like a lock release/acquire (the kernel takes the pipe's lock on both sides), so the
-  server sees every byte written before the message. Messages are 8 bytes, below
-  ``PIPE_BUF``, so writes from many workers never interleave.
-* The server writes the action fields of ``(i, p)`` and then one byte to
-  ``responses[i]``; the worker reads them after that byte. Worker ``i`` has one request
-  outstanding at most, so nobody else writes those cells meanwhile.
-* A worker writes the rest of a step (reward, flags, next observation) into positions
-  of a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not touch the slot
+* A worker writes the observations of its request ``q`` (in place: the observation
+  fields of one group of its envs at one position; staged, for vector envs: the staging
+  cells of the envs it names and the request index ``("staged", "rows")[i, q]``) and
+  only then writes the 8-byte message ``(i, q)`` to the requests pipe. The server reads
+  those cells only after it has read that message. A pipe ``write``/``read`` pair
+  orders memory like a lock release/acquire (the kernel takes the pipe's lock on both
+  sides), so the server sees every byte written before the message. Messages are 8
+  bytes, below ``PIPE_BUF``, so writes from many workers never interleave, and one
+  worker's messages arrive in the order it wrote them.
+* The server writes the action fields (and policy outputs, version) of request
+  ``(i, q)`` and then one byte to ``responses[i]``; the worker reads them after that
+  byte. Worker ``i`` has at most ``groups`` requests outstanding, each naming cells no
+  other outstanding request names (another group's columns, or other envs' staging
+  cells: an env is in one request at a time), so nobody else writes those cells
+  meanwhile. The server answers in arrival order, so the worker's ``n``-th byte is the
+  answer to its ``n``-th request.
+* A worker writes the rest of a step (reward, flags, next observation; for vector envs
+  whole transitions, their observation and outputs copied from the staging cells) into
+  a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not touch the slot
   again until it has read a byte from ``credits[i]``, which the driver writes after it
   has copied the slot out. ``credits[i]`` starts with one byte per slot.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and

@@ -1,0 +1,344 @@
+"""Atari throughput on a native vector env: rlcollect against the env alone and a hand loop.
+
+Pong through ale-py's ``AtariVectorEnv`` (84x84 grayscale, 4 stacked frames, frameskip
+4): ``--envs`` sub-envs, ``--batch`` of them per ``recv`` (first-k-of-N asynchrony),
+``--threads`` C++ threads. The policy is the Nature CNN, sampling by Gumbel-max,
+captured as a CUDA graph where CUDA is present (eager on the CPU). In one run,
+interleaved, ``--repeats`` times, each series timed over ``--seconds``:
+
+* ``env_only``: the vector env alone, ``send``/``recv`` with random actions, no policy:
+  the ceiling.
+* ``hand_loop``: one thread, ``recv`` → observations into the graph's input → replay →
+  actions back → ``send``: the same network, nothing stored.
+* ``rlcollect[thread-1x]``: ``AsyncBatchedCollector`` driving one vector env of the same
+  configuration, workers as threads (the vector env's C++ threads release the GIL); the
+  series the target is about (>= 0.9x ``env_only``, ahead of ``hand_loop``).
+* ``rlcollect[thread-2x]``: two vector envs of half the envs, batch and threads each, in
+  one worker that alternates between them (double buffering: one waits for its actions
+  while the other's results are taken in).
+* ``rlcollect[process_slots-1x]``: one vector env of the same configuration in a worker
+  process.
+
+A collector is timed from ``--warmup`` seconds after its first batch. Ratios to
+``env_only`` and ``hand_loop`` are taken within each repeat, then their median. Results
+go to ``--out``/atari_throughput.json, a plot to atari_throughput.png where matplotlib is
+importable, and a markdown table to stdout::
+
+    python benchmarks/atari_throughput.py --envs 64 --batch 32 --threads 16 --out DIR
+    python benchmarks/atari_throughput.py --envs 8 --batch 4 --threads 2 --seconds 5  # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import make_atari_vector
+from policies import NatureCNN
+
+from rlcollect import AsyncBatchedCollector
+
+FRAME = (84, 84)
+SERIES = ["env_only", "hand_loop", "rlcollect[thread-1x]", "rlcollect[thread-2x]"]
+SERIES_PROCESS = "rlcollect[process_slots-1x]"
+
+
+def env_only(args: argparse.Namespace) -> dict[str, float]:
+    env = make_atari_vector(args.envs, args.batch, args.threads)
+    try:
+        env.reset(seed=0)
+        rng = np.random.default_rng(0)
+        n = env.single_action_space.n
+
+        def step() -> None:
+            env.send(rng.integers(0, n, args.batch))
+            env.recv()
+
+        steps = _timed(step, args.warmup, args.seconds)
+    finally:
+        env.close()
+    return {"fps": steps * args.batch / args.seconds}
+
+
+class GraphedStep:
+    """The network's action step for ``batch`` observations: a CUDA graph fed from
+    page-locked memory on a GPU, the eager module on the CPU."""
+
+    def __init__(self, policy: torch.nn.Module, batch: int, device: torch.device) -> None:
+        self.policy = policy
+        self.device = device
+        if device.type != "cuda":
+            return
+        shape = (batch, 4, *FRAME)
+        self.host_in = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        self.dev_in = torch.zeros(shape, dtype=torch.uint8, device=device)
+        self.host_out = torch.empty(batch, dtype=torch.int64, pin_memory=True)
+        stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(3):
+                policy(self.dev_in)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, stream=stream):
+                self.dev_out = policy(self.dev_in)["action"]
+        stream.synchronize()
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        if self.device.type != "cuda":
+            with torch.inference_mode():
+                out: np.ndarray = self.policy(torch.from_numpy(obs))["action"].numpy()
+                return out
+        self.host_in.numpy()[...] = obs
+        self.dev_in.copy_(self.host_in, non_blocking=True)
+        self.graph.replay()
+        self.host_out.copy_(self.dev_out, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.host_out.numpy()
+
+
+def hand_loop(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    env = make_atari_vector(args.envs, args.batch, args.threads)
+    try:
+        policy = _policy(env.single_action_space.n).to(device)
+        act = GraphedStep(policy, args.batch, device)
+        obs, _ = env.reset(seed=0)
+        state = {"obs": obs}
+
+        def step() -> None:
+            env.send(act(state["obs"]))
+            state["obs"] = env.recv()[0]
+
+        steps = _timed(step, args.warmup, args.seconds)
+    finally:
+        env.close()
+    return {"fps": steps * args.batch / args.seconds}
+
+
+def collector(args: argparse.Namespace, device: torch.device, transport: str, split: bool):
+    n, b, t = args.envs, args.batch, args.threads
+    fns: list[Callable[[], Any]] = [functools.partial(make_atari_vector, n, b, t)]
+    if split:
+        fns = [functools.partial(make_atari_vector, n // 2, b // 2, max(1, t // 2))] * 2
+    with AsyncBatchedCollector(
+        fns,
+        _policy(6),
+        frames_per_batch=args.frames_per_batch,
+        total_frames=-1,
+        transport=transport,
+        envs_per_worker=len(fns),
+        policy_device=device,
+        cuda_graph=device.type == "cuda",
+    ) as c:
+        it = iter(c)
+        next(it)
+        t_end = time.perf_counter() + args.warmup
+        while time.perf_counter() < t_end:
+            next(it)
+        frames, t0, c0 = 0, time.perf_counter(), time.process_time()
+        server0 = c.stats()["server"]
+        while time.perf_counter() - t0 < args.seconds:
+            frames += next(it).batch_size[0]
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        server = c.stats()["server"]
+    rows = server["rows"] - server0["rows"]
+    batches = server["batches"] - server0["batches"]
+    return {
+        "fps": frames / wall,
+        "process_cpu_ms_per_frame": 1e3 * cpu / frames,
+        "mean_batch_size": rows / batches if batches else 0.0,
+        "phase_seconds": {
+            k: v - server0["phase_seconds"][k] for k, v in server["phase_seconds"].items()
+        },
+        "request_latency_p50": server["request_latency_p50"],
+        "gathers_on_device": server["gathers_on_device"],
+    }
+
+
+def _policy(num_actions: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    policy = NatureCNN(num_actions, FRAME)
+    policy.requires_grad_(False)
+    return policy
+
+
+def _timed(step: Callable[[], None], warmup: float, seconds: float) -> int:
+    """Calls of ``step`` in ``seconds``, after ``warmup`` seconds of calls."""
+    t_end = time.perf_counter() + warmup
+    while time.perf_counter() < t_end:
+        step()
+    calls, t_end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        step()
+        calls += 1
+    return calls
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, reps in runs.items():
+        fps = [r["fps"] for r in reps]
+        row: dict[str, Any] = {
+            "fps_median": statistics.median(fps),
+            "fps_range": [min(fps), max(fps)],
+        }
+        for ref in ("env_only", "hand_loop"):
+            if name != ref:
+                ratios = [r["fps"] / b["fps"] for r, b in zip(reps, runs[ref], strict=True)]
+                row[f"ratio_to_{ref}_median"] = statistics.median(ratios)
+        if name.startswith("rlcollect"):
+            for key in ("process_cpu_ms_per_frame", "mean_batch_size"):
+                row[f"{key}_median"] = statistics.median(r[key] for r in reps)
+        out[name] = row
+    return out
+
+
+def table(summary: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| series | frames/s | range | / env_only | / hand_loop | mean batch |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in summary.items():
+        lo, hi = row["fps_range"]
+        env = row.get("ratio_to_env_only_median")
+        hand = row.get("ratio_to_hand_loop_median")
+        batch = row.get("mean_batch_size_median")
+        lines.append(
+            f"| `{name}` | {row['fps_median']:,.0f} | {lo:,.0f}-{hi:,.0f} | "
+            f"{'' if env is None else f'{env:.2f}'} | {'' if hand is None else f'{hand:.2f}'} | "
+            f"{'' if batch is None else f'{batch:.1f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, dict[str, Any]], config: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = list(summary)
+    fps = [summary[n]["fps_median"] for n in names]
+    lo = [summary[n]["fps_median"] - summary[n]["fps_range"][0] for n in names]
+    hi = [summary[n]["fps_range"][1] - summary[n]["fps_median"] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bars = ax.bar(range(len(names)), fps, yerr=[lo, hi], capsize=4, color="#4878a8")
+    for bar, name in zip(bars, names, strict=True):
+        ratio = summary[name].get("ratio_to_env_only_median")
+        if ratio is not None:
+            ax.annotate(
+                f"{ratio:.2f}x env",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=9,
+            )
+    ax.set_xticks(range(len(names)), [n.replace("rlcollect", "rlc") for n in names])
+    ax.set_ylabel("agent steps / s")
+    ax.set_title(
+        f"Pong 84x84x4, AtariVectorEnv {config['envs']} envs, batch {config['batch']}, "
+        f"{config['threads']} threads; Nature CNN on {config['device']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    # 1024 frames make a 29 MB observation tensor per batch: below glibc's largest mmap
+    # threshold (32 MB), so freed batches are reused from the heap instead of every batch
+    # faulting in fresh pages.
+    parser.add_argument("--frames-per-batch", type=int, default=1024)
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--no-process", action="store_true", help=f"skip {SERIES_PROCESS}")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    if args.batch > args.envs or args.envs % 2 or args.batch % 2:
+        parser.error("--batch must be at most --envs, and both even (the 2x series halves them)")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as the collector's server thread runs a CPU policy
+
+    names = [*SERIES] + ([] if args.no_process else [SERIES_PROCESS])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for rep in range(args.repeats):
+        for name in names:
+            print(f"repeat {rep + 1}/{args.repeats}: {name}", flush=True)
+            if name == "env_only":
+                result = env_only(args)
+            elif name == "hand_loop":
+                result = hand_loop(args, device)
+            else:
+                transport = "process_slots" if name == SERIES_PROCESS else "thread"
+                result = collector(args, device, transport, split=name.endswith("2x]"))
+            runs[name].append(result)
+            print(f"  {result['fps']:,.0f} frames/s", flush=True)
+
+    summary = summarize(runs)
+    config = {
+        "game": "pong",
+        "frame": [4, *FRAME],
+        "envs": args.envs,
+        "batch": args.batch,
+        "threads": args.threads,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "frames_per_batch": args.frames_per_batch,
+        "device": str(device),
+        "cuda_graph": device.type == "cuda",
+        "policy": "Nature CNN (84x84x4), Gumbel-max sampling",
+    }
+    import ale_py
+
+    result = {
+        "benchmark": "atari_throughput",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "ale_py": ale_py.__version__,
+            "gymnasium": gym.__version__,
+            "numpy": np.__version__,
+            "load_average_at_end": os.getloadavg(),
+        },
+        "config": config,
+        "runs": runs,
+        "summary": summary,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "atari_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
+    print()
+    print(table(summary))
+    drawn = plot(summary, config, out / "atari_throughput.png")
+    print(f"\nwritten to {out / 'atari_throughput.json'}" + (" and .png" if drawn else ""))
+
+
+if __name__ == "__main__":
+    main()

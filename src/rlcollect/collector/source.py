@@ -1,0 +1,112 @@
+"""What an env factory builds, and how a worker drives it.
+
+A factory in ``env_fns`` returns either one ``gymnasium.Env`` or a
+``gymnasium.vector.VectorEnv`` of ``n`` sub-envs, each of which is a collector env.
+:func:`describe` reads what a worker needs to know from the object itself, once, when
+it is built (in the driver for ``env_fns[0]``, and in each worker for its own), so that
+the worker loop never asks again:
+
+* the single-env observation and action spaces;
+* for a vector env: its number of sub-envs, its autoreset mode (gymnasium's
+  ``metadata["autoreset_mode"]``; ``NextStep`` where absent, gymnasium 1.0's only mode),
+  and its ``batch_size``: a vector env with ``send``/``recv`` and
+  ``batch_size < num_envs`` (ale-py's ``AtariVectorEnv``, EnvPool-style) is driven
+  asynchronously — each ``recv`` returns the first ``batch_size`` sub-envs to finish,
+  named by ``info["env_id"]``. Any other vector env is stepped whole.
+
+This module imports no torch: it runs in worker processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+__all__ = ["Source", "describe"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """What one env factory contributes to a collector.
+
+    ``sub_envs`` is 0 for a plain env and ``n`` for a vector env of ``n`` sub-envs;
+    ``batch_size`` is how many sub-envs one result holds (``n`` unless it is driven
+    asynchronously); ``autoreset`` is the vector env's ``AutoresetMode`` (None for a
+    plain env).
+    """
+
+    observation_space: Any
+    action_space: Any
+    sub_envs: int = 0
+    batch_size: int = 1
+    autoreset: AutoresetMode | None = None
+
+    @property
+    def vector(self) -> bool:
+        """True for a vector env."""
+        return self.sub_envs > 0
+
+    @property
+    def envs(self) -> int:
+        """Collector envs this factory contributes."""
+        return max(1, self.sub_envs)
+
+    @property
+    def asynchronous(self) -> bool:
+        """True when driven with ``send``/``recv``, ``batch_size`` sub-envs at a time."""
+        return self.batch_size < self.sub_envs
+
+
+def describe(env: Any, name: str) -> Source:
+    """Describe ``env`` (built by the factory called ``name`` in messages).
+
+    Raises:
+        TypeError: ``env`` is neither a gymnasium env nor a vector env.
+        ValueError: a vector env that cannot be driven as it is configured.
+    """
+    if isinstance(env, VectorEnv):
+        return _describe_vector(env, name)
+    obs_space = getattr(env, "observation_space", None)
+    act_space = getattr(env, "action_space", None)
+    if not isinstance(obs_space, spaces.Space) or not isinstance(act_space, spaces.Space):
+        raise TypeError(
+            f"{name} returned an object without gymnasium observation_space and "
+            f"action_space: {type(env).__name__}"
+        )
+    return Source(obs_space, act_space)
+
+
+def _describe_vector(env: VectorEnv, name: str) -> Source:
+    n = env.num_envs
+    if not isinstance(n, int) or n < 1:
+        raise TypeError(f"{name} returned a vector env with num_envs={n!r}")
+    obs_space = env.single_observation_space
+    act_space = env.single_action_space
+    if not isinstance(obs_space, spaces.Space) or not isinstance(act_space, spaces.Space):
+        raise TypeError(
+            f"{name} returned a vector env without gymnasium single_observation_space and "
+            f"single_action_space: {type(env).__name__}"
+        )
+    mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    batch = getattr(env, "batch_size", n)
+    if not isinstance(batch, int) or not 1 <= batch <= n:
+        raise ValueError(
+            f"{name} returned a vector env with batch_size={batch!r}; it must be an int "
+            f"from 1 to num_envs={n}"
+        )
+    if batch < n:
+        if not (callable(getattr(env, "send", None)) and callable(getattr(env, "recv", None))):
+            raise ValueError(
+                f"{name} returned a vector env with batch_size={batch} < num_envs={n} but "
+                "without send() and recv(); rlcollect drives such envs with send/recv"
+            )
+        if mode is AutoresetMode.DISABLED:
+            raise ValueError(
+                f"{name} returned a vector env driven asynchronously (batch_size={batch} < "
+                f"num_envs={n}) with autoreset mode {mode.value}: its finished sub-envs "
+                "cannot be reset while the others step; use NextStep or SameStep"
+            )
+    return Source(obs_space, act_space, sub_envs=n, batch_size=batch, autoreset=mode)

@@ -1,0 +1,75 @@
+"""What a worker is given: its spec, and the ring fields every transition has.
+
+Shared by the worker loops (``worker.py`` for envs stepped one by one,
+``vector_worker.py`` for vector envs) and the collector that builds the ring. Imports
+no torch: worker processes unpickle a :class:`WorkerSpec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlcollect.collector.source import Source
+from rlcollect.transports.layout import Field, Key
+
+__all__ = ["Path", "WorkerSpec", "observation_key", "transition_fields"]
+
+Path = tuple[str, ...]
+
+
+def observation_key(path: Path, *, nxt: bool = False) -> Key:
+    """Ring key of the observation leaf at ``path`` (``()`` for a non-dict observation)."""
+    return (("next", "observation") if nxt else ("observation",)) + path
+
+
+def transition_fields(
+    observations: tuple[Field, ...], action: Field, extras: tuple[Field, ...] = ()
+) -> tuple[Field, ...]:
+    """Every ring field of a transition, given the observation leaves and policy outputs.
+
+    ``observations`` are keyed ``("observation", *path)``; their ``("next", ...)``
+    twins, the bookkeeping fields and the step results are added here.
+    """
+    return (
+        *observations,
+        *(Field(("next", *f.key), f.shape, f.dtype) for f in observations),
+        action,
+        *extras,
+        Field(("policy_version",), (), np.dtype(np.int64)),
+        Field(("env_index",), (), np.dtype(np.int64)),
+        Field(("episode",), (), np.dtype(np.int64)),
+        Field(("step",), (), np.dtype(np.int64)),
+        Field(("next", "reward"), (), np.dtype(np.float32)),
+        Field(("next", "terminated"), (), np.dtype(np.bool_)),
+        Field(("next", "truncated"), (), np.dtype(np.bool_)),
+    )
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one worker needs; pickled into worker processes with cloudpickle.
+
+    ``env_fns`` are the worker's factories, each building what ``source`` describes;
+    the worker's envs are numbered from ``env_offset`` (a vector env's sub-envs count
+    one by one). ``groups`` is the number of groups its envs split into, each with a
+    request of its own outstanding (for vector envs: one group per vector env).
+    """
+
+    env_fns: tuple[Callable[[], Any], ...]
+    env_offset: int
+    seed: int | None
+    chunk_steps: int
+    slots: int
+    source: Source
+    observation_paths: tuple[Path, ...]
+    discrete_actions: bool
+    groups: int = 1
+
+    @property
+    def num_envs(self) -> int:
+        """Collector envs this worker steps."""
+        return len(self.env_fns) * self.source.envs

@@ -1,0 +1,350 @@
+"""The worker loop for vector envs: sub-envs become collector envs.
+
+A worker holds one or more vector envs of ``n`` sub-envs each; sub-env ``j`` of its
+``g``-th vector env is the worker's env ``g * n + j``, collector env
+``env_offset + g * n + j``. Each vector env is a group with a request of its own
+(double buffering: while one waits for its actions, the worker receives the next
+results of another). One round visits the vector envs in order::
+
+    wait     the response to vector env g's request: its sub-envs' actions are staged
+    act      send the actions, in the order of the sub-envs of the last result:
+             ``send`` + ``recv`` when driven asynchronously (``batch_size < num_envs``:
+             ``recv`` returns the first ``batch_size`` sub-envs to finish, named by
+             ``info["env_id"]``), ``step`` otherwise
+    finish   every returned sub-env that had a transition under way completes it: its
+             observation, action, policy outputs and version (from the staging cells),
+             the returned observation as ``next.observation``, reward and flags are
+             written together into the next free rows of the chunk
+    stage    each returned observation goes to its sub-env's staging cell, the
+             sub-envs' numbers to the request index, and the request goes out
+
+Why staging: a result names an arbitrary subset of sub-envs, so the columns of a
+request do not line up with per-env chunk columns (see ``transports/layout.py``). The
+server reads each observation from, and writes each action into, that env's own cell,
+which routes every action to the env whose observation chose it. A chunk's rows are
+filled in the order transitions finish; a sub-env's transitions finish in its own step
+order, so a chunk (and every batch) holds each env's stream in order, without gaps.
+The price is one more copy of each observation (staging cell → chunk) than the
+in-place loop makes.
+
+Autoreset, by the vector env's mode:
+
+``NextStep``
+    The result that ends an episode carries its true final observation; the sub-env's
+    next step only resets it (its action is ignored, its reward is 0). That step is
+    never a transition: the sub-env takes part in the request (its action is
+    discarded), and its next result starts the new episode.
+``SameStep``
+    The result that ends an episode carries the reset observation; the final one is in
+    ``info["final_obs"]`` and becomes the last transition's ``next.observation``.
+``Disabled`` (stepped whole only)
+    The worker resets finished sub-envs itself, with ``reset(options={"reset_mask":
+    ...})``, before their next request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from rlcollect.collector.spec import Path, WorkerSpec, observation_key
+from rlcollect.errors import EnvError
+from rlcollect.transports.base import WorkerEnd
+from rlcollect.transports.layout import STAGED, Key
+
+__all__ = ["vector_loop"]
+
+_Result = tuple[np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+class _Rows:
+    """Hands out the chunk's rows in order; hands a full slot over, takes the next."""
+
+    def __init__(self, end: WorkerEnd, rows_per_slot: int, slots: int) -> None:
+        self._end = end
+        self._per_slot = rows_per_slot
+        self._total = rows_per_slot * slots
+        self._next = 0
+
+    def take(self, wanted: int) -> tuple[int, int]:
+        """Start and length of the next run of free rows (at most ``wanted``)."""
+        end_of_slot = (self._next // self._per_slot + 1) * self._per_slot
+        return self._next, min(wanted, end_of_slot - self._next)
+
+    def written(self, count: int) -> None:
+        """``count`` rows from the start :meth:`take` gave are written."""
+        self._next += count
+        if self._next % self._per_slot == 0:
+            self._end.hand_over(self._next // self._per_slot - 1)
+            if self._next == self._total:
+                self._next = 0
+            self._end.wait_slot()
+
+
+class _VectorEnvDriver:
+    """One vector env of the worker: how to act on it, and what its results mean."""
+
+    def __init__(self, env: Any, spec: WorkerSpec, group: int) -> None:
+        source = spec.source
+        self.env = env
+        self.n = source.sub_envs
+        self.first = spec.env_offset + group * self.n  # collector index of sub-env 0
+        self.base = group * self.n  # worker column of sub-env 0
+        self.asynchronous = source.asynchronous
+        self.batch = source.batch_size
+        self.mode = source.autoreset
+        self.paths = spec.observation_paths
+        self.seed = None if spec.seed is None else spec.seed + self.first
+
+    def _fail(self, during: str) -> EnvError:
+        last = self.first + self.n - 1
+        return EnvError(self.first, f"{during} of the vector env of envs {self.first}-{last}")
+
+    def reset(self) -> _Result:
+        try:
+            obs, info = self.env.reset(seed=self.seed)
+        except Exception as exc:
+            raise self._fail("reset") from exc
+        rows = len(_leaf(obs, self.paths[0]))
+        zeros = np.zeros(rows, dtype=bool)
+        return self._ids(info, rows), obs, np.zeros(rows, np.float32), zeros, zeros, info
+
+    def act(self, actions: np.ndarray) -> _Result:
+        try:
+            if self.asynchronous:
+                self.env.send(actions)
+                obs, reward, term, trunc, info = self.env.recv()
+            else:
+                obs, reward, term, trunc, info = self.env.step(actions)
+        except Exception as exc:
+            raise self._fail("step") from exc
+        rows = len(reward)
+        return (
+            self._ids(info, rows),
+            obs,
+            np.asarray(reward),
+            np.asarray(term, dtype=bool),
+            np.asarray(trunc, dtype=bool),
+            info,
+        )
+
+    def reset_some(self, sub_envs: np.ndarray) -> tuple[np.ndarray, Any]:
+        """``Disabled`` mode: reset ``sub_envs``. Returns the sub-env of each row of the
+        reset's observations (every sub-env's, reset or not), and the observations."""
+        mask = np.zeros(self.n, dtype=bool)
+        mask[sub_envs] = True
+        try:
+            new, info = self.env.reset(options={"reset_mask": mask})
+        except Exception as exc:
+            raise self._fail("reset") from exc
+        return self._ids(info, len(_leaf(new, self.paths[0]))), new
+
+    def _ids(self, info: dict[str, Any], rows: int) -> np.ndarray:
+        """Sub-env of each result row: ``info["env_id"]``, or ``0 … n-1`` when stepped whole
+        without it. Checked: a wrong id would route actions to the wrong env."""
+        ids = info.get("env_id") if isinstance(info, dict) else None
+        if ids is None:
+            if self.asynchronous:
+                raise self._fail("the result check") from KeyError(
+                    "a vector env driven with send/recv must name the sub-env of each result "
+                    "row in info['env_id']"
+                )
+            if rows != self.n:
+                raise self._fail("the result check") from ValueError(
+                    f"a step returned {rows} rows for {self.n} sub-envs"
+                )
+            return np.arange(self.n, dtype=np.int64)
+        out = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if (
+            len(out) != rows
+            or len(out) != self.batch
+            or (out.size and (out.min() < 0 or out.max() >= self.n))
+        ):
+            raise self._fail("the result check") from ValueError(
+                f"info['env_id'] = {out.tolist()} does not name {rows} sub-envs of {self.n}"
+            )
+        return out
+
+
+def _leaf(obs: Any, path: Path) -> Any:
+    for name in path:
+        obs = obs[name]
+    return obs
+
+
+def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
+    """Run the vector-env loop until the transport closes."""
+    _VectorLoop(end, spec, envs).run()
+
+
+class _VectorLoop:
+    """The loop's state: the worker's views of the ring and each env's bookkeeping."""
+
+    def __init__(self, end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
+        self.end = end
+        self.drivers = [_VectorEnvDriver(env, spec, g) for g, env in enumerate(envs)]
+        k = spec.num_envs
+        self.k = k
+        buf = end.buffers
+        positions = spec.chunk_steps * spec.slots
+        # Every transition field seen as [positions * k, *shape]: rows in chunk order.
+        self.chunk = {
+            key: a.reshape(positions * k, *a.shape[2:])
+            for key, a in buf.items()
+            if key[0] != STAGED
+        }
+        self.staged = {key[1:]: a for key, a in buf.items() if key[0] == STAGED}
+        self.request_index = self.staged.pop(("rows",))
+        self.paths = spec.observation_paths
+        self.obs_keys = [observation_key(p) for p in self.paths]
+        self.next_keys = [observation_key(p, nxt=True) for p in self.paths]
+        self.copied: list[Key] = [key for key in self.staged if key[0] != "observation"]
+        self.rows = _Rows(end, spec.chunk_steps * k, spec.slots)
+        self.episode = np.zeros(k, np.int64)
+        self.step = np.zeros(k, np.int64)
+        self.pending = np.zeros(k, bool)  # a transition is under way (obs staged, action sent)
+        self.ended = np.zeros(k, bool)  # NextStep: the next result only resets the env
+        self.in_flight = np.zeros(k, bool)  # asked to step or reset, result not yet back
+        self.offset = spec.env_offset
+
+    def run(self) -> None:
+        self.end.wait_slot()
+        for g, driver in enumerate(self.drivers):
+            self.in_flight[driver.base : driver.base + driver.n] = True
+            self.receive(g, driver.reset())
+        while True:
+            for g, driver in enumerate(self.drivers):
+                self.end.wait_response()
+                cols = self.request_index[g]
+                actions = self.staged[("action",)][cols]  # a copy, in the result's order
+                self.in_flight[cols] = True
+                self.receive(g, driver.act(actions))
+
+    def receive(self, g: int, result: _Result) -> None:
+        driver = self.drivers[g]
+        ids, obs, reward, term, trunc, info = result
+        cols = driver.base + ids
+        mine = self.in_flight[driver.base : driver.base + driver.n]
+        under_way = int(np.count_nonzero(mine))
+        self.in_flight[cols] = False
+        # Every returned sub-env had a step under way, and none is named twice.
+        if under_way - int(np.count_nonzero(mine)) != len(cols):
+            raise driver._fail("the result check") from ValueError(
+                f"results for sub-envs {ids.tolist()}, but not all of them had an action or "
+                "a reset under way, or one is named twice"
+            )
+        leaves = [self._checked(driver, _leaf(obs, path), key, len(ids))
+                  for path, key in zip(self.paths, self.obs_keys, strict=True)]  # fmt: skip
+        done = term | trunc
+        finishing = np.flatnonzero(self.pending[cols])
+        if finishing.size:
+            self.finish(driver, cols[finishing], finishing, leaves, reward, term, trunc, info)
+        # Bookkeeping for the new observations.
+        fin_cols = cols[finishing]
+        fin_done = fin_cols[done[finishing]]
+        self.step[fin_cols] += 1
+        starting = cols[~self.pending[cols]]  # reset results: a new episode starts
+        renewed = starting[self.ended[starting]]
+        self.episode[renewed] += 1
+        self.step[renewed] = 0
+        self.ended[renewed] = False
+        self.pending[cols] = True
+        if fin_done.size:
+            if driver.mode is AutoresetMode.NEXT_STEP:
+                self.ended[fin_done] = True
+                self.pending[fin_done] = False  # the next result is only the reset
+            else:
+                self.episode[fin_done] += 1
+                self.step[fin_done] = 0
+                if driver.mode is AutoresetMode.DISABLED:
+                    self._reset_finished(driver, fin_done, cols, leaves)
+        # Stage: each env's cell holds its observation; the request names the envs.
+        for key, leaf in zip(self.obs_keys, leaves, strict=True):
+            self.staged[key][cols] = leaf
+        self.request_index[g] = cols
+        self.end.request(g)
+
+    def _reset_finished(
+        self, driver: _VectorEnvDriver, finished: np.ndarray, cols: np.ndarray, leaves: list[Any]
+    ) -> None:
+        """``Disabled`` mode: reset ``finished`` and put their new observations in ``leaves``."""
+        ids, new = driver.reset_some(finished - driver.base)
+        row_of = np.empty(self.k, np.intp)
+        row_of[cols] = np.arange(len(cols))
+        reset_rows = np.flatnonzero(np.isin(driver.base + ids, finished))
+        for i, path in enumerate(self.paths):
+            fresh = self._checked(driver, _leaf(new, path), self.obs_keys[i], len(ids))
+            leaves[i] = leaves[i].copy()  # may be the vector env's own buffer
+            leaves[i][row_of[driver.base + ids[reset_rows]]] = fresh[reset_rows]
+
+    def _checked(self, driver: _VectorEnvDriver, leaf: Any, key: Key, rows: int) -> np.ndarray:
+        arr = np.asarray(leaf)
+        want = self.staged[key].shape[1:]
+        if arr.shape != (rows, *want):
+            raise driver._fail("the observation check") from ValueError(
+                f"{'/'.join(key)} of shape {arr.shape} for {rows} sub-envs; the observation "
+                f"space says {want} per sub-env"
+            )
+        if arr.dtype != self.staged[key].dtype:
+            try:
+                arr = arr.astype(self.staged[key].dtype, casting="same_kind")
+            except TypeError as exc:
+                raise driver._fail("the observation check") from exc
+        return arr
+
+    def finish(
+        self,
+        driver: _VectorEnvDriver,
+        cols: np.ndarray,
+        rows_in_result: np.ndarray,
+        leaves: list[np.ndarray],
+        reward: np.ndarray,
+        term: np.ndarray,
+        trunc: np.ndarray,
+        info: dict[str, Any],
+    ) -> None:
+        """Write the transitions of ``cols`` (rows ``rows_in_result`` of the result)."""
+        chunk, staged = self.chunk, self.staged
+        done_at = np.flatnonzero(term[rows_in_result] | trunc[rows_in_result])
+        final_obs = info.get("final_obs") if driver.mode is AutoresetMode.SAME_STEP else None
+        if driver.mode is AutoresetMode.SAME_STEP and done_at.size and final_obs is None:
+            raise driver._fail("the result check") from KeyError(
+                "a SameStep vector env ended an episode without info['final_obs']"
+            )
+        taken = 0
+        while taken < len(cols):
+            start, count = self.rows.take(len(cols) - taken)
+            dst = slice(start, start + count)
+            c = cols[taken : taken + count]
+            r = rows_in_result[taken : taken + count]
+            for key in self.obs_keys:
+                np.take(staged[key], c, axis=0, out=chunk[key][dst])
+            for key in self.copied:
+                np.take(staged[key], c, axis=0, out=chunk[key][dst])
+            for key, leaf in zip(self.next_keys, leaves, strict=True):
+                np.take(leaf, r, axis=0, out=chunk[key][dst])
+            chunk[("env_index",)][dst] = self.offset + c
+            chunk[("episode",)][dst] = self.episode[c]
+            chunk[("step",)][dst] = self.step[c]
+            chunk[("next", "reward")][dst] = reward[r]
+            chunk[("next", "terminated")][dst] = term[r]
+            chunk[("next", "truncated")][dst] = trunc[r]
+            if final_obs is not None:
+                local = done_at[(done_at >= taken) & (done_at < taken + count)]
+                for i in local:
+                    self._write_final(driver, start + i - taken, final_obs[r[i - taken]])
+            taken += count
+            self.rows.written(count)
+
+    def _write_final(self, driver: _VectorEnvDriver, row: int, final: Any) -> None:
+        for path, key in zip(self.paths, self.next_keys, strict=True):
+            value = np.asarray(_leaf(final, path))
+            dst = self.chunk[key][row, ...]
+            if value.shape != dst.shape:
+                raise driver._fail("the observation check") from ValueError(
+                    f"info['final_obs'] holds a {'/'.join(key)} of shape {value.shape}; the "
+                    f"observation space says {dst.shape}"
+                )
+            np.copyto(dst, value, casting="same_kind")

@@ -1,0 +1,87 @@
+"""ale-py's AtariVectorEnv driven with send/recv (batch_size < num_envs), on both transports.
+
+Frame stacks tell on the collector: within an episode the next observation of a
+transition is the observation of the following one, and every stack is the previous one
+shifted by one frame. Episodes are cut at 200 frames, 50 steps, so an extra transition
+(a NextStep reset step) or a missing one shows as an episode of another length; a reset
+stack starts with three blank frames, so a reset observation in place of a final one
+shows too.
+"""
+
+import functools
+
+import pytest
+import torch
+from envs import atari_vector
+from helpers import collect, streams
+
+from rlcollect import AsyncBatchedCollector
+
+pytestmark = pytest.mark.slow
+
+EPISODE_STEPS = 50
+
+
+class FramePolicy(torch.nn.Module):
+    """Deterministic, and varied: the action is the last frame's pixel sum modulo 6."""
+
+    def forward(self, obs):
+        return obs[:, -1].long().sum((1, 2)) % 6
+
+
+@functools.cache
+def run(transport, mode):
+    with AsyncBatchedCollector(
+        [functools.partial(atari_vector, mode)],
+        FramePolicy(),
+        frames_per_batch=100,
+        total_frames=640,
+        transport=transport,
+        policy_device="cpu",
+        seed=5,
+    ) as c:
+        assert c.num_envs == 4
+        return streams(collect(c))
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_frame_stacks_line_up_and_episodes_are_whole(transport, mode):
+    per_env = run(transport, mode)
+    assert sorted(per_env) == [0, 1, 2, 3]
+    for i, rows in per_env.items():
+        obs, nxt = rows["observation"], rows["next", "observation"]
+        ep, st, done = rows["episode"], rows["step"], rows["next", "done"]
+        assert obs.shape[1:] == (4, 84, 84) and obs.dtype == torch.uint8
+        # every next stack is the current one shifted by one frame, final ones included
+        assert torch.equal(nxt[:, :3], obs[:, 1:]), f"env {i}: a stack does not shift"
+        # gapless: within an episode the next observation is the following observation
+        inner = ~done[:-1]
+        assert torch.equal(nxt[:-1][inner], obs[1:][inner]), f"env {i}: a step is missing"
+        assert ep[0] == 0 and st[0] == 0
+        follows = torch.where(
+            done[:-1],
+            (ep[1:] == ep[:-1] + 1) & (st[1:] == 0),
+            (ep[1:] == ep[:-1]) & (st[1:] == st[:-1] + 1),
+        )
+        assert bool(follows.all()), f"env {i}: episode/step counters jump"
+        # each finished episode holds exactly its 50 steps: no reset step among them
+        assert done.sum() >= 2, f"env {i}: too few episodes to check"
+        assert torch.equal(st[done], torch.full_like(st[done], EPISODE_STEPS - 1))
+        assert bool(rows["next", "truncated"][done].all())
+        # an episode starts from a reset stack (three blank frames) ...
+        starts = st == 0
+        assert int(obs[starts][:, :3].sum()) == 0
+        # ... and ends on its true final stack, which has none
+        assert bool((nxt[done][:, :3].flatten(1).sum(1) > 0).all())
+        assert torch.equal(rows["action"], FramePolicy()(obs))
+
+
+def test_each_env_stream_is_reproducible_though_results_come_in_any_order():
+    """Results of an asynchronous vector env come in an order that varies from run to
+    run, but each sub-env's own stream depends only on its seed and its own actions."""
+    a, b = run("thread", "NextStep"), run("process_slots", "NextStep")
+    for i in range(4):
+        n = min(len(a[i]), len(b[i]))
+        assert n > 100
+        for key in ("observation", "action", ("next", "reward"), ("next", "done")):
+            assert torch.equal(a[i][key][:n], b[i][key][:n]), f"env {i} differs in {key}"
