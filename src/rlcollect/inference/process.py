@@ -173,6 +173,7 @@ class ProcessInference(InferenceBackend):
         self._cond = threading.Condition()
         self._replies: dict[str, Any] = {}
         self._error: InferenceError | None = None
+        self._last_stats: dict[str, Any] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._control: Connection | None = None
@@ -294,10 +295,11 @@ class ProcessInference(InferenceBackend):
 
     def stats(self) -> dict[str, Any]:
         if self._error is not None or self._stopped:
-            return {}
+            return dict(self._last_stats)  # as the process left them (or none)
         reply: dict[str, Any] = self._request("stats", ("stats",), _REPLY_WAIT)
         reply["applied_version"] = self._applied
-        return reply
+        self._last_stats = reply
+        return dict(reply)
 
     def wait_applied(self, version: int, timeout: float) -> bool:
         """Block until weights ``version`` serve batches (or ``timeout`` passes)."""
@@ -309,6 +311,11 @@ class ProcessInference(InferenceBackend):
     def stop(self) -> None:
         if self._stopped:
             return
+        if self._error is None and self._control is not None:
+            try:  # keep the final figures readable after shutdown, as the thread backend's
+                self.stats()
+            except InferenceError:
+                pass
         self._stopped = True
         if self._control is not None:
             self._control.close()  # end-of-file: the inference process exits
