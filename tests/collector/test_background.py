@@ -36,18 +36,23 @@ def test_every_transition_is_written_once_in_whole_batches(transport):
     assert c.join(timeout=0)
 
 
-def test_a_background_error_is_raised_by_the_next_call(transport):
-    fns = counting_envs(4)
-    fns[1] = functools.partial(CountingEnv, 1, fail_at=(1, 3))
-    rb = ListBuffer()
-    c = AsyncBatchedCollector(
+def failing_collector(transport, n, failing, fail_at):
+    """``n`` CountingEnvs collecting into a ListBuffer; env ``failing`` raises in its
+    step ``fail_at`` = (episode, step)."""
+    fns = counting_envs(n)
+    fns[failing] = functools.partial(CountingEnv, failing, fail_at=fail_at)
+    return AsyncBatchedCollector(
         fns,
         CountingPolicy(),
         frames_per_batch=8,
         transport=transport,
         policy_device="cpu",
-        replay_buffer=rb,
+        replay_buffer=ListBuffer(),
     )
+
+
+def test_a_background_error_is_raised_by_the_next_call(transport):
+    c = failing_collector(transport, 4, failing=1, fail_at=(1, 3))
     c.start()
     policy = CountingPolicy()
 
@@ -66,16 +71,7 @@ def test_a_background_error_is_raised_by_the_next_call(transport):
 
 
 def test_join_raises_the_background_error(transport):
-    fns = counting_envs(2)
-    fns[0] = functools.partial(CountingEnv, 0, fail_at=(0, 2), fail_in_reset=False)
-    c = AsyncBatchedCollector(
-        fns,
-        CountingPolicy(),
-        frames_per_batch=8,
-        transport=transport,
-        policy_device="cpu",
-        replay_buffer=ListBuffer(),
-    )
+    c = failing_collector(transport, 2, failing=0, fail_at=(0, 2))
     c.start()
     with pytest.raises(WorkerError, match="env 0"):
         c.join(timeout=30)
@@ -157,16 +153,7 @@ def test_versions_stamp_the_weights_that_chose_each_action(transport):
 
 
 def test_error_in_the_with_block_keeps_the_background_error_as_a_note(transport):
-    fns = counting_envs(2)
-    fns[1] = functools.partial(CountingEnv, 1, fail_at=(0, 1))
-    c = AsyncBatchedCollector(
-        fns,
-        CountingPolicy(),
-        frames_per_batch=8,
-        transport=transport,
-        policy_device="cpu",
-        replay_buffer=ListBuffer(),
-    )
+    c = failing_collector(transport, 2, failing=1, fail_at=(0, 1))
     with pytest.raises(KeyError) as info, c:
         c.start()
         wait_until(lambda: c._finished.is_set(), what="background collection to fail")

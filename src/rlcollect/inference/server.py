@@ -42,7 +42,7 @@ from rlcollect.errors import ChannelClosed, InferenceError
 from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
-from rlcollect.transports.base import ServerEnd
+from rlcollect.transports.base import RequestEnd
 from rlcollect.transports.layout import Key, RingLayout, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
@@ -76,13 +76,14 @@ class BatchingConfig:
 
 
 class InferenceServer(InferenceBackend):
-    """Serves action requests from a :class:`~rlcollect.transports.ServerEnd` in a thread.
+    """Serves action requests from a :class:`~rlcollect.transports.RequestEnd` in a thread.
 
     Args:
         runner: the policy and its calling convention.
         step: the action step built around ``runner`` (host, or device with compile and
             CUDA graphs), holding at least ``max_batch_size`` rows.
-        end: the driver's end of a started transport.
+        end: the request side of a started transport (its driver end, or a request end
+            handed to another process).
         layout: the ring ``end`` was started with (how requests address it).
         batching: batch size limits and timeout.
         output_keys: the keys the policy returned when the collector was built.
@@ -98,7 +99,7 @@ class InferenceServer(InferenceBackend):
         self,
         runner: PolicyRunner,
         step: ActionStep,
-        end: ServerEnd,
+        end: RequestEnd,
         *,
         layout: RingLayout,
         batching: BatchingConfig,

@@ -45,7 +45,14 @@ import numpy as np
 from rlcollect.errors import EnvError, WorkerFailure
 from rlcollect.transports.layout import Key, RingLayout
 
-__all__ = ["ServerEnd", "Transport", "WorkerEnd", "WorkerProgram", "failure_from_exception"]
+__all__ = [
+    "RequestEnd",
+    "ServerEnd",
+    "Transport",
+    "WorkerEnd",
+    "WorkerProgram",
+    "failure_from_exception",
+]
 
 
 class WorkerEnd(ABC):
@@ -89,11 +96,12 @@ class WorkerEnd(ABC):
 WorkerProgram = Callable[[WorkerEnd], None]
 
 
-class ServerEnd(ABC):
-    """The driver's end of a transport: the inference server and the chunk consumer.
+class RequestEnd(ABC):
+    """The request side of the driver's end: what an inference server uses.
 
-    The inference thread calls ``wait_requests``/``respond``; the consuming thread calls
-    ``wait_chunks``/``release``. The two pairs must be safe to use from two threads.
+    A :class:`ServerEnd` is one; a transport may also hand its request side to a server
+    in another process as a request end of its own (see
+    :func:`rlcollect.transports.process_slots.open_request_end`).
     """
 
     #: The whole ring: every array of ``RingLayout.views`` (transition fields
@@ -115,6 +123,18 @@ class ServerEnd(ABC):
         responses): the actions are written."""
 
     @abstractmethod
+    def abort(self) -> None:
+        """Stop the exchange: every wait on both ends ends promptly. Idempotent, any thread."""
+
+
+class ServerEnd(RequestEnd):
+    """The driver's end of a transport: the inference server and the chunk consumer.
+
+    The inference thread calls ``wait_requests``/``respond``; the consuming thread calls
+    ``wait_chunks``/``release``. The two pairs must be safe to use from two threads.
+    """
+
+    @abstractmethod
     def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
         """Chunks ``(worker, slot)`` handed over, waiting up to ``timeout`` s for one.
 
@@ -125,10 +145,6 @@ class ServerEnd(ABC):
     @abstractmethod
     def release(self, worker: int, slot: int) -> None:
         """Give ``slot`` back to ``worker``: the driver has copied it out."""
-
-    @abstractmethod
-    def abort(self) -> None:
-        """Stop the exchange: every wait on both ends ends promptly. Idempotent, any thread."""
 
 
 class Transport(ABC):

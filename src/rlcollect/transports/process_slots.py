@@ -72,6 +72,7 @@ import numpy as np
 
 from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
 from rlcollect.transports.base import (
+    RequestEnd,
     ServerEnd,
     Transport,
     WorkerEnd,
@@ -413,8 +414,9 @@ class RequestChannel:
     response_fds: tuple[int, ...]
 
 
-class _RequestEnd(ServerEnd):
-    """A :class:`ServerEnd` that serves requests only, in the process that opened it."""
+class _RequestEnd(RequestEnd):
+    """The request side of the ring, served from the process that opened it; chunks
+    still go to the driver."""
 
     def __init__(self, channel: RequestChannel) -> None:
         self._ring = attach_segment(channel.shm_name, channel.layout.nbytes)
@@ -441,12 +443,6 @@ class _RequestEnd(ServerEnd):
                 for w in workers:
                     _write_driver(self._responses_w[w])
 
-    def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
-        raise NotImplementedError("this end serves requests; chunks go to the driver")
-
-    def release(self, worker: int, slot: int) -> None:
-        raise NotImplementedError("this end serves requests; chunks go to the driver")
-
     def abort(self) -> None:
         with self._lock:
             if self._aborted:
@@ -457,7 +453,7 @@ class _RequestEnd(ServerEnd):
                 os.close(fd)
 
 
-def open_request_end(channel: RequestChannel) -> ServerEnd:
+def open_request_end(channel: RequestChannel) -> RequestEnd:
     """The request-serving end of ``channel``, in the process it was passed to.
 
     Raises:
