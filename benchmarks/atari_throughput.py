@@ -2,26 +2,28 @@
 
 Pong through ale-py's ``AtariVectorEnv`` (84x84 grayscale, 4 stacked frames, frameskip
 4): ``--envs`` sub-envs, ``--batch`` of them per ``recv`` (first-k-of-N asynchrony),
-``--threads`` C++ threads. The policy is the Nature CNN, sampling by Gumbel-max,
-captured as a CUDA graph where CUDA is present (eager on the CPU). In one run,
-interleaved, ``--repeats`` times, each series timed over ``--seconds``:
+``--threads`` C++ threads in all. Each value ``w`` of ``--splits`` divides them into
+``w`` vector envs of ``envs/w`` sub-envs, ``batch/w`` per ``recv`` and ``threads/w``
+threads. The policy is the Nature CNN, sampling by Gumbel-max, captured as a CUDA graph
+where CUDA is present (eager on the CPU). In one run, interleaved, ``--repeats``
+times, each series timed over ``--seconds``, for each split ``w``:
 
-* ``env_only``: the vector env alone, ``send``/``recv`` with random actions, no policy:
-  the ceiling.
-* ``hand_loop``: one thread, ``recv`` → observations into the graph's input → replay →
-  actions back → ``send``: the same network, nothing stored.
-* ``rlcollect[thread-1x]``: ``AsyncBatchedCollector`` driving one vector env of the same
-  configuration, workers as threads (the vector env's C++ threads release the GIL); the
-  series the target is about (>= 0.9x ``env_only``, ahead of ``hand_loop``).
-* ``rlcollect[thread-2x]``: two vector envs of half the envs, batch and threads each, in
-  one worker that alternates between them (double buffering: one waits for its actions
-  while the other's results are taken in).
-* ``rlcollect[process_slots-1x]``: one vector env of the same configuration in a worker
-  process.
+* ``env_only[Ww]``: each vector env in a process of its own, ``send``/``recv`` with
+  random actions, no policy, timed over one shared window: the ceiling.
+* ``hand_loop[Ww]``: one thread visiting the vector envs in turn: ``recv`` →
+  observations into the graph's input → replay → actions back → ``send``; the same
+  network, nothing stored. ``hand_loop[1w]`` is the classic single-env loop.
+* ``rlcollect[thread-Ww]``: ``AsyncBatchedCollector`` with one worker per vector env,
+  workers as threads (the vector env's C++ threads release the GIL).
+* ``rlcollect[process_slots-Ww]``: the same with worker processes.
+* with ``--double-buffer``, ``rlcollect[thread-2x]``: two vector envs of half the
+  envs, batch and threads each, in one worker that alternates between them.
 
-A collector is timed from ``--warmup`` seconds after its first batch. Ratios to
-``env_only`` and ``hand_loop`` are taken within each repeat, then their median. Results
-go to ``--out``/atari_throughput.json, a plot to atari_throughput.png where matplotlib is
+The target (issue 5): rlcollect at >= 0.9x ``env_only`` of the same configuration, and
+ahead of the hand loop. A collector is timed from ``--warmup`` seconds after its first
+batch. Ratios are taken within each repeat, then their median: to ``env_only`` and
+``hand_loop`` of the same split, and to the best hand loop of the repeat. Results go to
+``--out``/atari_throughput.json, a plot to atari_throughput.png where matplotlib is
 importable, and a markdown table to stdout::
 
     python benchmarks/atari_throughput.py --envs 64 --batch 32 --threads 16 --out DIR
@@ -33,8 +35,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import multiprocessing
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -47,31 +51,55 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import make_atari_vector
+from common import make_atari_vector, step_vector_env_randomly
 from policies import NatureCNN
 
 from rlcollect import AsyncBatchedCollector
 
 FRAME = (84, 84)
-SERIES = ["env_only", "hand_loop", "rlcollect[thread-1x]", "rlcollect[thread-2x]"]
-SERIES_PROCESS = "rlcollect[process_slots-1x]"
+DOUBLE_BUFFER = "rlcollect[thread-2x]"
 
 
-def env_only(args: argparse.Namespace) -> dict[str, float]:
-    env = make_atari_vector(args.envs, args.batch, args.threads)
-    try:
-        env.reset(seed=0)
-        rng = np.random.default_rng(0)
-        n = env.single_action_space.n
+def series_names(splits: list[int], process: bool, double_buffer: bool) -> list[str]:
+    names = []
+    for w in splits:
+        names += [f"env_only[{w}w]", f"hand_loop[{w}w]", f"rlcollect[thread-{w}w]"]
+        if process:
+            names.append(f"rlcollect[process_slots-{w}w]")
+    return names + ([DOUBLE_BUFFER] if double_buffer else [])
 
-        def step() -> None:
-            env.send(rng.integers(0, n, args.batch))
-            env.recv()
 
-        steps = _timed(step, args.warmup, args.seconds)
-    finally:
-        env.close()
-    return {"fps": steps * args.batch / args.seconds}
+def split_of(name: str) -> int:
+    """The split ``w`` of a series name (the double-buffer series: 1 vector env's worth)."""
+    found = re.search(r"(\d+)w\]$", name)
+    return int(found.group(1)) if found else 1
+
+
+def vector_config(args: argparse.Namespace, w: int) -> tuple[int, int, int]:
+    """Sub-envs, batch and threads of each of ``w`` vector envs."""
+    return args.envs // w, args.batch // w, max(1, args.threads // w)
+
+
+def env_only(args: argparse.Namespace, w: int) -> dict[str, float]:
+    """``w`` processes, one vector env each, stepped with random actions over one window."""
+    n, b, t = vector_config(args, w)
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(w)
+    counts = [ctx.Value("q", 0) for _ in range(w)]
+    procs = [
+        ctx.Process(
+            target=step_vector_env_randomly,
+            args=(n, b, t, args.warmup, args.seconds, start, counts[i]),
+        )
+        for i in range(w)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=args.warmup + args.seconds + 120)
+        if proc.exitcode != 0:
+            raise RuntimeError(f"env_only process exited with {proc.exitcode}")
+    return {"fps": sum(c.value for c in counts) * b / args.seconds}
 
 
 class GraphedStep:
@@ -109,36 +137,41 @@ class GraphedStep:
         return self.host_out.numpy()
 
 
-def hand_loop(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
-    env = make_atari_vector(args.envs, args.batch, args.threads)
+def hand_loop(args: argparse.Namespace, device: torch.device, w: int) -> dict[str, float]:
+    """One thread visiting ``w`` vector envs in turn: recv, the graphed network, send."""
+    n, b, t = vector_config(args, w)
+    envs = [make_atari_vector(n, b, t) for _ in range(w)]
     try:
-        policy = _policy(env.single_action_space.n).to(device)
-        act = GraphedStep(policy, args.batch, device)
-        obs, _ = env.reset(seed=0)
-        state = {"obs": obs}
+        policy = _policy(envs[0].single_action_space.n).to(device)
+        act = GraphedStep(policy, b, device)
+        for i, env in enumerate(envs):
+            obs, _ = env.reset(seed=i)
+            env.send(act(obs))
 
         def step() -> None:
-            env.send(act(state["obs"]))
-            state["obs"] = env.recv()[0]
+            for env in envs:
+                env.send(act(env.recv()[0]))
 
-        steps = _timed(step, args.warmup, args.seconds)
+        rounds = _timed(step, args.warmup, args.seconds)
     finally:
-        env.close()
-    return {"fps": steps * args.batch / args.seconds}
+        for env in envs:
+            env.close()
+    return {"fps": rounds * w * b / args.seconds}
 
 
-def collector(args: argparse.Namespace, device: torch.device, transport: str, split: bool):
-    n, b, t = args.envs, args.batch, args.threads
-    fns: list[Callable[[], Any]] = [functools.partial(make_atari_vector, n, b, t)]
-    if split:
-        fns = [functools.partial(make_atari_vector, n // 2, b // 2, max(1, t // 2))] * 2
+def collector(
+    args: argparse.Namespace, device: torch.device, transport: str, w: int, one_worker: bool
+) -> dict[str, Any]:
+    """``w`` vector envs, one per worker (or all in ``one_worker``, alternating)."""
+    n, b, t = vector_config(args, w)
+    fns: list[Callable[[], Any]] = [functools.partial(make_atari_vector, n, b, t)] * w
     with AsyncBatchedCollector(
         fns,
         _policy(6),
         frames_per_batch=args.frames_per_batch,
         total_frames=-1,
         transport=transport,
-        envs_per_worker=len(fns),
+        envs_per_worker=w if one_worker else 1,
         policy_device=device,
         cuda_graph=device.type == "cuda",
     ) as c:
@@ -187,18 +220,25 @@ def _timed(step: Callable[[], None], warmup: float, seconds: float) -> int:
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    hand_loops = [name for name in runs if name.startswith("hand_loop")]
     out = {}
     for name, reps in runs.items():
+        w = split_of(name)
         fps = [r["fps"] for r in reps]
         row: dict[str, Any] = {
+            "split": w,
             "fps_median": statistics.median(fps),
             "fps_range": [min(fps), max(fps)],
         }
-        for ref in ("env_only", "hand_loop"):
-            if name != ref:
+        for ref in (f"env_only[{w}w]", f"hand_loop[{w}w]"):
+            if name != ref and ref in runs:
                 ratios = [r["fps"] / b["fps"] for r, b in zip(reps, runs[ref], strict=True)]
-                row[f"ratio_to_{ref}_median"] = statistics.median(ratios)
+                row[f"ratio_to_{ref.split('[')[0]}_median"] = statistics.median(ratios)
         if name.startswith("rlcollect"):
+            best = [max(runs[h][i]["fps"] for h in hand_loops) for i in range(len(reps))]
+            row["ratio_to_best_hand_loop_median"] = statistics.median(
+                r["fps"] / b for r, b in zip(reps, best, strict=True)
+            )
             for key in ("process_cpu_ms_per_frame", "mean_batch_size"):
                 row[f"{key}_median"] = statistics.median(r[key] for r in reps)
         out[name] = row
@@ -207,18 +247,21 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
 
 def table(summary: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| series | frames/s | range | / env_only | / hand_loop | mean batch |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| series | frames/s | range | / env_only | / hand_loop | / best hand loop | mean batch |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def cell(value: float | None, form: str = ".2f") -> str:
+        return "" if value is None else format(value, form)
+
     for name, row in summary.items():
         lo, hi = row["fps_range"]
-        env = row.get("ratio_to_env_only_median")
-        hand = row.get("ratio_to_hand_loop_median")
-        batch = row.get("mean_batch_size_median")
         lines.append(
             f"| `{name}` | {row['fps_median']:,.0f} | {lo:,.0f}-{hi:,.0f} | "
-            f"{'' if env is None else f'{env:.2f}'} | {'' if hand is None else f'{hand:.2f}'} | "
-            f"{'' if batch is None else f'{batch:.1f}'} |"
+            f"{cell(row.get('ratio_to_env_only_median'))} | "
+            f"{cell(row.get('ratio_to_hand_loop_median'))} | "
+            f"{cell(row.get('ratio_to_best_hand_loop_median'))} | "
+            f"{cell(row.get('mean_batch_size_median'), '.1f')} |"
         )
     return "\n".join(lines)
 
@@ -235,7 +278,7 @@ def plot(summary: dict[str, dict[str, Any]], config: dict[str, Any], path: Path)
     fps = [summary[n]["fps_median"] for n in names]
     lo = [summary[n]["fps_median"] - summary[n]["fps_range"][0] for n in names]
     hi = [summary[n]["fps_range"][1] - summary[n]["fps_median"] for n in names]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     bars = ax.bar(range(len(names)), fps, yerr=[lo, hi], capsize=4, color="#4878a8")
     for bar, name in zip(bars, names, strict=True):
         ratio = summary[name].get("ratio_to_env_only_median")
@@ -250,9 +293,11 @@ def plot(summary: dict[str, dict[str, Any]], config: dict[str, Any], path: Path)
     ax.set_xticks(range(len(names)), [n.replace("rlcollect", "rlc") for n in names])
     ax.set_ylabel("agent steps / s")
     ax.set_title(
-        f"Pong 84x84x4, AtariVectorEnv {config['envs']} envs, batch {config['batch']}, "
-        f"{config['threads']} threads; Nature CNN on {config['device']}"
+        f"Pong 84x84x4, AtariVectorEnv: {config['envs']} envs, batch {config['batch']}, "
+        f"{config['threads']} threads in all, split in w; Nature CNN on {config['device']}",
+        fontsize=10,
     )
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -272,27 +317,36 @@ def main() -> None:
     # faulting in fresh pages.
     parser.add_argument("--frames-per-batch", type=int, default=1024)
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--no-process", action="store_true", help=f"skip {SERIES_PROCESS}")
+    parser.add_argument("--no-process", action="store_true", help="skip the worker-process series")
+    parser.add_argument("--splits", default="1,4", help="vector envs the envs are divided into")
+    parser.add_argument(
+        "--double-buffer", action="store_true", help=f"add {DOUBLE_BUFFER} (2 envs, 1 worker)"
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    if args.batch > args.envs or args.envs % 2 or args.batch % 2:
-        parser.error("--batch must be at most --envs, and both even (the 2x series halves them)")
+    splits = [int(x) for x in args.splits.split(",")]
+    for w in [*splits, *([2] if args.double_buffer else [])]:
+        if args.envs % w or args.batch % w or args.batch > args.envs:
+            parser.error(f"--envs and --batch must divide by the split {w}, batch <= envs")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the collector's server thread runs a CPU policy
 
-    names = [*SERIES] + ([] if args.no_process else [SERIES_PROCESS])
+    names = series_names(splits, not args.no_process, args.double_buffer)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for rep in range(args.repeats):
         for name in names:
             print(f"repeat {rep + 1}/{args.repeats}: {name}", flush=True)
-            if name == "env_only":
-                result = env_only(args)
-            elif name == "hand_loop":
-                result = hand_loop(args, device)
+            w = split_of(name)
+            if name.startswith("env_only"):
+                result = env_only(args, w)
+            elif name.startswith("hand_loop"):
+                result = hand_loop(args, device, w)
+            elif name == DOUBLE_BUFFER:
+                result = collector(args, device, "thread", 2, one_worker=True)
             else:
-                transport = "process_slots" if name == SERIES_PROCESS else "thread"
-                result = collector(args, device, transport, split=name.endswith("2x]"))
+                transport = "process_slots" if "process_slots" in name else "thread"
+                result = collector(args, device, transport, w, one_worker=False)
             runs[name].append(result)
             print(f"  {result['fps']:,.0f} frames/s", flush=True)
 
@@ -303,6 +357,7 @@ def main() -> None:
         "envs": args.envs,
         "batch": args.batch,
         "threads": args.threads,
+        "splits": splits,
         "seconds": args.seconds,
         "warmup": args.warmup,
         "repeats": args.repeats,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -42,3 +45,37 @@ def make_atari_vector(num_envs: int, batch_size: int, num_threads: int) -> gym.v
     return AtariVectorEnv(
         "pong", num_envs, batch_size=batch_size, num_threads=num_threads, stack_num=4
     )
+
+
+def step_vector_env_randomly(
+    num_envs: int,
+    batch_size: int,
+    num_threads: int,
+    warmup: float,
+    seconds: float,
+    start: Any,
+    steps: Any,
+) -> None:
+    """One process of the env-only ceiling: ``send``/``recv`` with random actions.
+
+    Waits at ``start`` (a barrier shared with the other processes, so their timed windows
+    overlap), then counts ``recv`` calls over ``seconds`` into ``steps`` (a shared int).
+    Imports no torch: the process starts in a moment."""
+    env = make_atari_vector(num_envs, batch_size, num_threads)
+    try:
+        env.reset(seed=0)
+        rng = np.random.default_rng(0)
+        n = env.single_action_space.n
+        t_end = time.perf_counter() + warmup
+        while time.perf_counter() < t_end:
+            env.send(rng.integers(0, n, batch_size))
+            env.recv()
+        start.wait(timeout=120)
+        calls, t_end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            env.send(rng.integers(0, n, batch_size))
+            env.recv()
+            calls += 1
+        steps.value = calls
+    finally:
+        env.close()

@@ -74,13 +74,13 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     instrument()
     report: dict[str, Any] = {"config": vars(args)}
-    report["env_only"] = at.env_only(args)
-    report["hand_loop"] = at.hand_loop(args, device)
+    report["env_only"] = at.env_only(args, 1)
+    report["hand_loop"] = at.hand_loop(args, device, 1)
     for interval in [float(x) for x in args.switch_intervals.split(",")]:
         sys.setswitchinterval(interval)
         TIMES.clear()
         CALLS.clear()
-        result = at.collector(args, device, "thread", split=False)
+        result = at.collector(args, device, "thread", 1, one_worker=False)
         total = max(CALLS["act"], 1)
         result["worker_us_per_batch"] = {k: 1e6 * v / total for k, v in TIMES.items()}
         result["worker_calls"] = dict(CALLS)

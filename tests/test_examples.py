@@ -147,14 +147,19 @@ def test_atari_throughput_benchmark(tmp_path):
         "benchmarks/atari_throughput.py",
         *("--envs", "4", "--batch", "2", "--threads", "1", "--repeats", "1"),
         *("--seconds", "0.5", "--warmup", "0.2", "--frames-per-batch", "64"),
-        *("--out", str(tmp_path)),
+        *("--splits", "1,2", "--double-buffer", "--out", str(tmp_path)),
     )
     result = json.loads((tmp_path / "atari_throughput.json").read_text())
     rows = result["summary"]
-    for name in ("env_only", "hand_loop", "rlcollect[thread-1x]", "rlcollect[process_slots-1x]"):
-        assert rows[name]["fps_median"] > 0, name
+    for w in (1, 2):
+        for name in ("env_only", "hand_loop", "rlcollect[thread-", "rlcollect[process_slots-"):
+            series = f"{name}{w}w]" if name.endswith("-") else f"{name}[{w}w]"
+            assert rows[series]["fps_median"] > 0, series
+            assert rows[series]["split"] == w
+        assert rows[f"rlcollect[process_slots-{w}w]"]["ratio_to_env_only_median"] > 0
+    assert rows["rlcollect[thread-2w]"]["ratio_to_best_hand_loop_median"] > 0
     assert "ratio_to_hand_loop_median" in rows["rlcollect[thread-2x]"]
-    assert "| `rlcollect[thread-1x]` |" in out
+    assert "| `rlcollect[thread-1w]` |" in out
 
 
 @pytest.mark.slow

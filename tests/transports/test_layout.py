@@ -64,19 +64,19 @@ def test_staged_requests_read_the_index_the_worker_wrote():
     layout = RingLayout(FIELDS, 2, 8, 4, 2, groups=2, staging=staging)
     buf = np.zeros(layout.nbytes, np.uint8)
     views = layout.views(buf)
-    assert views[(STAGED, "observation")].shape == (2, 8, 3, 5)
-    assert views[(STAGED, "action")].shape == (2, 8)
+    assert views[(STAGED, "observation")].shape == (2, 16, 3, 5)  # two cells per env
+    assert views[(STAGED, "action")].shape == (2, 16)
     assert views[(STAGED, "rows")].shape == (2, 2, 3)
     assert (STAGED, "next", "reward") not in views  # only the named fields are staged
     for arr in views.values():
         assert (arr.ctypes.data - buf.ctypes.data) % 4096 == 0
     assert layout.request_columns == 3 and layout.requests_per_worker == 2
-    views[(STAGED, "rows")][1, 0] = [5, 0, 6]
+    views[(STAGED, "rows")][1, 0] = [5, 0, 14]
     rows = request_rows(layout, views, np.array([1]), np.array([0]))
-    assert rows.tolist() == [13, 8, 14]
+    assert rows.tolist() == [21, 16, 30]
     actions = layout.request_sources(views, ("action",))
     actions[rows] = [1, 2, 3]
-    assert views[(STAGED, "action")][1].tolist() == [2, 0, 0, 0, 0, 1, 3, 0]
+    assert views[(STAGED, "action")][1].tolist() == [2, 0, 0, 0, 0, 1] + [0] * 8 + [3, 0]
     assert not views[("action",)].any()  # the transition field is the worker's to fill
 
 

@@ -11,21 +11,25 @@ results of another). One round visits the vector envs in order::
              ``send`` + ``recv`` when driven asynchronously (``batch_size < num_envs``:
              ``recv`` returns the first ``batch_size`` sub-envs to finish, named by
              ``info["env_id"]``), ``step`` otherwise
-    finish   every returned sub-env that had a transition under way completes it: its
-             observation, action, policy outputs and version (from the staging cells),
-             the returned observation as ``next.observation``, reward and flags are
+    stage    each returned observation goes to a staging cell of its sub-env (the one
+             its previous step did not use), the cells' numbers to the request index,
+             and the request goes out
+    finish   while the server works on that request, every returned sub-env that had a
+             transition under way completes it: its observation, action, policy
+             outputs and version (from the staging cell of its previous step), the
+             returned observation as ``next.observation``, reward and flags are
              written together into the next free rows of the chunk
-    stage    each returned observation goes to its sub-env's staging cell, the
-             sub-envs' numbers to the request index, and the request goes out
 
 Why staging: a result names an arbitrary subset of sub-envs, so the columns of a
 request do not line up with per-env chunk columns (see ``transports/layout.py``). The
-server reads each observation from, and writes each action into, that env's own cell,
-which routes every action to the env whose observation chose it. A chunk's rows are
-filled in the order transitions finish; a sub-env's transitions finish in its own step
-order, so a chunk (and every batch) holds each env's stream in order, without gaps.
-The price is one more copy of each observation (staging cell → chunk) than the
-in-place loop makes.
+server reads each observation from, and writes each action into, a cell of that env's
+own, which routes every action to the env whose observation chose it. Two cells per
+env, used in turn, let the request go out before the finished transitions are copied
+out of the other cell: from a result to its actions, the worker copies each
+observation once. A chunk's rows are filled in the order transitions finish; a
+sub-env's transitions finish in its own step order, so a chunk (and every batch)
+holds each env's stream in order, without gaps. The price is one more copy of each
+observation (staging cell → chunk) than the in-place loop makes.
 
 Autoreset, by the vector env's mode:
 
@@ -200,13 +204,14 @@ class _VectorLoop:
         self.paths = spec.observation_paths
         self.obs_keys = [observation_key(p) for p in self.paths]
         self.next_keys = [observation_key(p, nxt=True) for p in self.paths]
-        self.copied: list[Key] = [key for key in self.staged if key[0] != "observation"]
+        self.copied: list[Key] = list(self.staged)  # the observations and the outputs
         self.rows = _Rows(end, spec.chunk_steps * k, spec.slots)
         self.episode = np.zeros(k, np.int64)
         self.step = np.zeros(k, np.int64)
         self.pending = np.zeros(k, bool)  # a transition is under way (obs staged, action sent)
         self.ended = np.zeros(k, bool)  # NextStep: the next result only resets the env
         self.in_flight = np.zeros(k, bool)  # asked to step or reset, result not yet back
+        self.cell = np.arange(k)  # each env's staging cell in use: env e's are e and e + k
         self.offset = spec.env_offset
 
     def run(self) -> None:
@@ -217,9 +222,9 @@ class _VectorLoop:
         while True:
             for g, driver in enumerate(self.drivers):
                 self.end.wait_response()
-                cols = self.request_index[g]
-                actions = self.staged[("action",)][cols]  # a copy, in the result's order
-                self.in_flight[cols] = True
+                cells = self.request_index[g]
+                actions = self.staged[("action",)][cells]  # a copy, in the result's order
+                self.in_flight[cells % self.k] = True
                 self.receive(g, driver.act(actions))
 
     def receive(self, g: int, result: _Result) -> None:
@@ -239,11 +244,25 @@ class _VectorLoop:
                   for path, key in zip(self.paths, self.obs_keys, strict=True)]  # fmt: skip
         done = term | trunc
         finishing = np.flatnonzero(self.pending[cols])
-        if finishing.size:
-            self.finish(driver, cols[finishing], finishing, leaves, reward, term, trunc, info)
-        # Bookkeeping for the new observations.
         fin_cols = cols[finishing]
         fin_done = fin_cols[done[finishing]]
+        staged = leaves
+        if fin_done.size and driver.mode is AutoresetMode.DISABLED:
+            staged = self._reset_finished(driver, fin_done, cols, leaves)
+        # Stage into each env's other cell and send the request, then finish the
+        # transitions from the cells of the step before while the server works.
+        old_cells = self.cell[cols]
+        new_cells = (old_cells + self.k) % (2 * self.k)
+        for key, leaf in zip(self.obs_keys, staged, strict=True):
+            self.staged[key][new_cells] = leaf
+        self.request_index[g] = new_cells
+        self.end.request(g)
+        if finishing.size:
+            self.finish(
+                driver, fin_cols, old_cells[finishing], finishing, leaves, reward, term, trunc, info
+            )
+        self.cell[cols] = new_cells
+        # Bookkeeping for the new observations.
         self.step[fin_cols] += 1
         starting = cols[~self.pending[cols]]  # reset results: a new episode starts
         renewed = starting[self.ended[starting]]
@@ -258,26 +277,23 @@ class _VectorLoop:
             else:
                 self.episode[fin_done] += 1
                 self.step[fin_done] = 0
-                if driver.mode is AutoresetMode.DISABLED:
-                    self._reset_finished(driver, fin_done, cols, leaves)
-        # Stage: each env's cell holds its observation; the request names the envs.
-        for key, leaf in zip(self.obs_keys, leaves, strict=True):
-            self.staged[key][cols] = leaf
-        self.request_index[g] = cols
-        self.end.request(g)
 
     def _reset_finished(
         self, driver: _VectorEnvDriver, finished: np.ndarray, cols: np.ndarray, leaves: list[Any]
-    ) -> None:
-        """``Disabled`` mode: reset ``finished`` and put their new observations in ``leaves``."""
+    ) -> list[np.ndarray]:
+        """``Disabled`` mode: reset ``finished``; returns ``leaves`` with their rows replaced
+        by the new episodes' observations (``leaves`` keeps the final ones)."""
         ids, new = driver.reset_some(finished - driver.base)
         row_of = np.empty(self.k, np.intp)
         row_of[cols] = np.arange(len(cols))
         reset_rows = np.flatnonzero(np.isin(driver.base + ids, finished))
+        out = []
         for i, path in enumerate(self.paths):
             fresh = self._checked(driver, _leaf(new, path), self.obs_keys[i], len(ids))
-            leaves[i] = leaves[i].copy()  # may be the vector env's own buffer
-            leaves[i][row_of[driver.base + ids[reset_rows]]] = fresh[reset_rows]
+            leaf = leaves[i].copy()  # leaves[i] may be the vector env's own buffer
+            leaf[row_of[driver.base + ids[reset_rows]]] = fresh[reset_rows]
+            out.append(leaf)
+        return out
 
     def _checked(self, driver: _VectorEnvDriver, leaf: Any, key: Key, rows: int) -> np.ndarray:
         arr = np.asarray(leaf)
@@ -298,6 +314,7 @@ class _VectorLoop:
         self,
         driver: _VectorEnvDriver,
         cols: np.ndarray,
+        cells: np.ndarray,
         rows_in_result: np.ndarray,
         leaves: list[np.ndarray],
         reward: np.ndarray,
@@ -305,7 +322,8 @@ class _VectorLoop:
         trunc: np.ndarray,
         info: dict[str, Any],
     ) -> None:
-        """Write the transitions of ``cols`` (rows ``rows_in_result`` of the result)."""
+        """Write the transitions of ``cols`` (staged in ``cells``; their next observations
+        are rows ``rows_in_result`` of the result)."""
         chunk, staged = self.chunk, self.staged
         done_at = np.flatnonzero(term[rows_in_result] | trunc[rows_in_result])
         final_obs = info.get("final_obs") if driver.mode is AutoresetMode.SAME_STEP else None
@@ -319,12 +337,17 @@ class _VectorLoop:
             dst = slice(start, start + count)
             c = cols[taken : taken + count]
             r = rows_in_result[taken : taken + count]
-            for key in self.obs_keys:
-                np.take(staged[key], c, axis=0, out=chunk[key][dst])
+            # mode="clip": the indices are valid, and the default ("raise") copies twice.
             for key in self.copied:
-                np.take(staged[key], c, axis=0, out=chunk[key][dst])
+                np.take(
+                    staged[key],
+                    cells[taken : taken + count],
+                    axis=0,
+                    out=chunk[key][dst],
+                    mode="clip",
+                )
             for key, leaf in zip(self.next_keys, leaves, strict=True):
-                np.take(leaf, r, axis=0, out=chunk[key][dst])
+                np.take(leaf, r, axis=0, out=chunk[key][dst], mode="clip")
             chunk[("env_index",)][dst] = self.offset + c
             chunk[("episode",)][dst] = self.episode[c]
             chunk[("step",)][dst] = self.step[c]

@@ -20,11 +20,14 @@ address the ring in one of two ways, fixed per collector:
     A vector env returns results for a subset of its sub-envs, so request columns do
     not line up with per-env chunk columns. Each staged field (observation leaves,
     policy outputs, ``policy_version``) has a second array
-    ``("staged", *key)`` of shape ``[num_workers, envs_per_worker, *shape]``: one cell
-    per env, holding that env's latest observation and the outputs computed from it.
-    Request ``q`` (``0 <= q < groups``, one per vector env of the worker) names the
-    ``staging.columns`` envs listed in ``("staged", "rows")[worker, q]``. The worker
-    copies each finished transition from the staging cells into the chunk.
+    ``("staged", *key)`` of shape ``[num_workers, 2 * envs_per_worker, *shape]``: two
+    cells per env (env ``e``'s are ``e`` and ``e + envs_per_worker``), used in turn.
+    One holds the observation an env's action is being chosen for (and then the
+    outputs computed from it); the other still holds the step before, whose
+    transition the worker copies into the chunk *after* sending the new request, so
+    that copy is off the path from a result to its actions. Request ``q``
+    (``0 <= q < groups``, one per vector env of the worker) names the
+    ``staging.columns`` cells listed in ``("staged", "rows")[worker, q]``.
 
 :func:`request_rows` turns ``(worker, request)`` pairs into flat row indices for
 either way, so the server and any stand-in for it gather and scatter the same rows.
@@ -140,7 +143,7 @@ class RingLayout:
         if self.staging is not None:
             for key in self.staging.keys:
                 f = by_key[key]
-                yield (STAGED, *key), (w, k, *f.shape), f.dtype
+                yield (STAGED, *key), (w, 2 * k, *f.shape), f.dtype
             yield (STAGED, "rows"), (w, self.groups, self.staging.columns), np.dtype(np.int64)
 
     def _offsets(self) -> list[tuple[Key, tuple[int, ...], np.dtype[np.generic], int, int]]:
@@ -166,7 +169,7 @@ class RingLayout:
 
         Transition fields under their keys, ``[num_workers, positions, envs_per_worker,
         *shape]``; staged arrays (if any) under ``("staged", *key)``,
-        ``[num_workers, envs_per_worker, *shape]``, and the request index under
+        ``[num_workers, 2 * envs_per_worker, *shape]``, and the request index under
         ``("staged", "rows")``, ``[num_workers, groups, columns]``.
         """
         flat = np.frombuffer(buffer, dtype=np.uint8)
@@ -200,9 +203,9 @@ def request_rows(
     requests[i])``, request by request: ``[len(workers) * request_columns]`` intp."""
     c = layout.request_columns
     if layout.staging is not None:
-        per_worker = layout.envs_per_worker
-        envs = views[(STAGED, "rows")][workers, requests]
-        rows: np.ndarray = (workers[:, None] * per_worker + envs).reshape(-1)
+        per_worker = 2 * layout.envs_per_worker  # staging cells
+        cells = views[(STAGED, "rows")][workers, requests]
+        rows: np.ndarray = (workers[:, None] * per_worker + cells).reshape(-1)
         return rows.astype(np.intp, copy=False)
     per_worker = layout.positions * layout.envs_per_worker
     first = workers * per_worker + requests * c
