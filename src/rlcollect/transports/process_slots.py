@@ -22,9 +22,10 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   unlinks it too (``shm_unlink`` of a removed name is harmless), so that a driver
   killed with SIGKILL leaves no segment behind.
 * A worker writes the observations of its request ``q`` (in place: the observation
-  fields of one group of its envs at one position; staged, for vector envs: the staging
-  cells of the envs it names and the request index ``("staged", "rows")[i, q]``) and
-  only then writes the 8-byte message ``(i, q)`` to the requests pipe. The server reads
+  fields of one group of its envs at one position; staged, for vector envs: one of the
+  two staging cells of each env it names and the request index
+  ``("staged", "rows")[i, q]``) and only then writes the 8-byte message ``(i, q)`` to
+  the requests pipe. The server reads
   those cells only after it has read that message. A pipe ``write``/``read`` pair
   orders memory like a lock release/acquire (the kernel takes the pipe's lock on both
   sides), so the server sees every byte written before the message. Messages are 8
@@ -38,8 +39,9 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   meanwhile. The server answers in arrival order, so the worker's ``n``-th byte is the
   answer to its ``n``-th request.
 * A worker writes the rest of a step (reward, flags, next observation; for vector envs
-  whole transitions, their observation and outputs copied from the staging cells) into
-  a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not touch the slot
+  whole transitions, their observation and outputs copied from each env's other
+  staging cell, which no outstanding request names, while the server may be serving
+  the new one) into a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not touch the slot
   again until it has read a byte from ``credits[i]``, which the driver writes after it
   has copied the slot out. ``credits[i]`` starts with one byte per slot.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
