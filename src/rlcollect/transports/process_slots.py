@@ -25,12 +25,11 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   fields of one group of its envs at one position; staged, for vector envs: one of the
   two staging cells of each env it names and the request index
   ``("staged", "rows")[i, q]``) and only then writes the 8-byte message ``(i, q)`` to
-  the requests pipe. The server reads
-  those cells only after it has read that message. A pipe ``write``/``read`` pair
-  orders memory like a lock release/acquire (the kernel takes the pipe's lock on both
-  sides), so the server sees every byte written before the message. Messages are 8
-  bytes, below ``PIPE_BUF``, so writes from many workers never interleave, and one
-  worker's messages arrive in the order it wrote them.
+  the requests pipe. The server reads those cells only after it has read that message.
+  A pipe ``write``/``read`` pair orders memory like a lock release/acquire (the kernel
+  takes the pipe's lock on both sides), so the server sees every byte written before
+  the message. Messages are 8 bytes, below ``PIPE_BUF``, so writes from many workers
+  never interleave, and one worker's messages arrive in the order it wrote them.
 * The server writes the action fields (and policy outputs, version) of request
   ``(i, q)`` and then one byte to ``responses[i]``; the worker reads them after that
   byte. Worker ``i`` has at most ``groups`` requests outstanding, each naming cells no
@@ -41,9 +40,10 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
 * A worker writes the rest of a step (reward, flags, next observation; for vector envs
   whole transitions, their observation and outputs copied from each env's other
   staging cell, which no outstanding request names, while the server may be serving
-  the new one) into a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not touch the slot
-  again until it has read a byte from ``credits[i]``, which the driver writes after it
-  has copied the slot out. ``credits[i]`` starts with one byte per slot.
+  the new one) into a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not
+  touch the slot again until it has read a byte from ``credits[i]``, which the driver
+  writes after it has copied the slot out. ``credits[i]`` starts with one byte per
+  slot.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits. The
   same happens when the driver dies, however it dies. A worker's death closes its end
