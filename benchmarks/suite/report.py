@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from benchmarks.suite.plans import SERIES
+
 SUITES = (("gpu", "GPU suite"), ("cpu", "CPU suite"))
 SHARED = 0.10  # other work's share of the machine's CPU time above which a section warns
 X, DASH = "\u00d7", "\u2013"  # the multiplication sign and the en dash, for the tables
@@ -94,7 +96,16 @@ def _notes(doc: dict[str, Any]) -> list[str]:
                 f"- **{row['failures']} failed repeat(s)** of `{name}`: {'; '.join(errors)}"
             )
     if not doc["complete"]:
-        lines.append("- **Incomplete**: the run stopped at its deadline before every repeat.")
+        # Name the short configurations: their medians rest on fewer repeats than the rest.
+        short = [
+            f"`{name}` ({row['repeats'] + row['failures']} of {doc['repeats']})"
+            for name, row in doc["summary"].items()
+            if row["repeats"] + row["failures"] < doc["repeats"]
+        ]
+        lines.append(
+            "- **Incomplete**: the run reached its deadline before its last repeats; "
+            f"repeats run: {', '.join(short) or 'see the JSON'}."
+        )
     return lines
 
 
@@ -396,6 +407,10 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
             *_notes(doc),
             "",
         ]
+    missing = [name for name in SERIES if name not in docs]
+    if missing:  # say what the suite has not measured here rather than leave it out silently
+        names = ", ".join(f"`{name}`" for name in missing)
+        out += [f"Not run yet on this machine: {names} (`{COMMANDS[suite]}`).", ""]
     raw = ", ".join(f"[`{n}.json`](../benchmarks/results/suite_{suite}/{n}.json)" for n in docs)
     out += [f"Raw results (every repeat, every configuration): {raw}.", ""]
     return out
