@@ -136,6 +136,19 @@ def test_budgets_stay_exact_across_a_restart(tmp_path):
     assert sizes == [7] * 42 + [6]
 
 
+def test_restarts_with_the_inference_process(tmp_path):
+    """The inference process answers the new worker through the same pipes."""
+    fns = counting_envs(2)
+    fns[1] = functools.partial(CrashOnce, 1, str(tmp_path / "crashed"), at=(1, 2))
+    with (
+        pytest.warns(WorkerRestartWarning, match=r"worker 1 \(envs 1\)"),
+        make("process_slots", fns, max_worker_restarts=1, inference_backend="process") as c,
+    ):
+        data = collect_past_restarts(c, restarts=1)
+    assert check_restarted_streams(data) == {0: 0, 1: 1}
+    check_clean(c)
+
+
 def test_a_worker_killed_with_sigkill_is_restarted():
     with make("process_slots", counting_envs(3), max_worker_restarts=1) as c:
         first = next(c)
@@ -179,7 +192,5 @@ def test_restarts_are_refused_where_they_cannot_work():
         make(NoRestarts(), counting_envs(2), max_worker_restarts=1)
     with pytest.raises(ValueError, match="max_worker_restarts needs plain envs"):
         make("thread", [functools.partial(counting_vector, 0, 2)], max_worker_restarts=1)
-    with pytest.raises(ValueError, match="max_worker_restarts needs inference_backend='thread'"):
-        make("process_slots", counting_envs(2), max_worker_restarts=1, inference_backend="process")
     with pytest.raises(ValueError, match="max_worker_restarts must be an int >= 0, got -1"):
         make("thread", counting_envs(2), max_worker_restarts=-1)

@@ -158,9 +158,8 @@ class AsyncBatchedCollector:
             not handed over yet are dropped, so streams stay whole and budgets exact
             (``docs/failures.md``). Each restart warns with a
             :class:`~rlcollect.errors.WorkerRestartWarning`. Default 0: the first
-            failure is raised. Needs plain envs (not vector envs),
-            ``inference_backend="thread"`` and a transport that can restart workers
-            (both built-in ones can).
+            failure is raised. Needs plain envs (not vector envs) and a transport that
+            can restart workers (both built-in ones can).
 
     Raises:
         TypeError, ValueError: at construction, for arguments, envs or a policy that
@@ -258,11 +257,6 @@ class AsyncBatchedCollector:
                 f"max_worker_restarts={max_worker_restarts}, but the transport "
                 f"{type(transport_obj).__name__} cannot restart workers (supports_restart "
                 "is False)"
-            )
-        if max_worker_restarts and inference_backend == "process":
-            raise ValueError(
-                "max_worker_restarts needs inference_backend='thread': the inference "
-                "process cannot take over a restarted worker's channels"
             )
 
         source = _probe_source(env_fns[0])

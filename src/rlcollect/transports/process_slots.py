@@ -498,17 +498,20 @@ class _RequestEnd(RequestEnd):
             self._poll.register(fd, select.POLLIN)
         self._lock = threading.Lock()
         self._aborted = False
+        self._generations = Generations(channel.layout.num_workers)
 
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
         if self._aborted:
             raise ChannelClosed("transport aborted")
-        return _read_requests(self._requests_r, self._poll, self._wake_r, timeout)
+        tagged = _read_requests(self._requests_r, self._poll, self._wake_r, timeout)
+        return self._generations.split(tagged)
 
     def respond(self, workers: Sequence[int]) -> None:
         with self._lock:
             if not self._aborted:
                 for w in workers:
-                    _write_driver(self._responses_w[w])
+                    token = bytes([response_token(self._generations.answer(w))])
+                    _write_driver(self._responses_w[w], token)
 
     def abort(self) -> None:
         with self._lock:
