@@ -125,3 +125,38 @@ class StepCountingVector(CountingVectorEnv):
     def __init__(self, first, num_envs, batch_size, **kwargs):
         super().__init__(first, num_envs, batch_size, **kwargs)
         self.envs = [StepCounter(first + j) for j in range(num_envs)]
+
+
+class CrashOnce(CountingEnv):
+    """A CountingEnv that raises once per ``marker`` file, in the step ``at`` =
+    (episode, step) of its own count, or in the reset that starts episode ``at[0]``.
+
+    The marker (created atomically) makes it crash once in all, however many times the
+    env is rebuilt, in whichever process.
+    """
+
+    def __init__(self, env_id, marker, at=(0, 3), in_reset=False):
+        super().__init__(env_id)
+        self.marker = marker
+        self.at = at
+        self.in_reset = in_reset
+
+    def _crash(self, where):
+        import os
+
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        raise RuntimeError(f"CrashOnce {self.env_id} crashed on purpose in {where}")
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        if self.in_reset and self.episode == self.at[0]:
+            self._crash("reset")
+        return obs, info
+
+    def step(self, action):
+        if not self.in_reset and (self.episode, self.t) == self.at:
+            self._crash("step")
+        return super().step(action)

@@ -17,6 +17,7 @@ __all__ = [
     "RemoteTraceback",
     "WorkerError",
     "WorkerFailure",
+    "WorkerRestartWarning",
 ]
 
 
@@ -75,6 +76,11 @@ class WorkerError(CollectorError):
         )
         err.__cause__ = RemoteTraceback(failure.traceback)
         return err
+
+
+class WorkerRestartWarning(RuntimeWarning):
+    """A crashed worker was restarted (``max_worker_restarts``); the message names the
+    worker, its envs, the cause and how many restarts the collector has made."""
 
 
 class InferenceError(CollectorError):

@@ -495,6 +495,68 @@ def check_close_unblocks_workers(make_transport: Callable[[], Transport]) -> Non
     assert not closer.is_alive(), f"close() did not return within {_DEADLINE} s"
 
 
+def check_restart(make_transport: Callable[[], Transport]) -> None:
+    """Every chunk a failing worker handed over comes before its failure; restarted with
+    ``restart_worker``, it runs on with its slots free, its failure no longer raised,
+    and takes only the answers to its own requests. (Transports without
+    ``supports_restart`` pass trivially.)"""
+    if not make_transport().supports_restart:
+        return
+    # Two groups: when env 3 fails, the other group's request is outstanding, and its
+    # answer must not reach the new worker. Env 3 fails in its 7th step (episode 0 lasts
+    # 4), the first of the 4th chunk: the worker has handed over 3 chunks by then.
+    layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=2, slots=2, groups=2)
+    transport = make_transport()
+    end = transport.start(layout, counting_programs(layout, fail={3: (1, 2)}))
+    responder = _Responder(end, layout)
+    before: list[np.ndarray] = []  # env 3's observations handed over before it failed
+    after: list[_Chunk] = []
+    deadline = time.monotonic() + _DEADLINE
+    try:
+        restarted = False
+        while len([c for c in after if c[0] == 1]) < 6:
+            assert time.monotonic() < deadline, "the restarted worker handed over too little"
+            try:
+                ready = end.wait_chunks(0.1)
+            except WorkerError as err:
+                assert not restarted, f"a second failure after the restart: {err}"
+                assert err.worker_index == 1, str(err)
+                transport.restart_worker(1, counting_programs(layout)[1])
+                restarted = True
+                continue
+            for w, s in ready:
+                rows = _chunk_rows(end, layout, w, s)
+                if restarted:
+                    after.append((w, s, rows))
+                elif w == 1:
+                    obs = rows["observation"]
+                    before.append(obs[obs[:, ENV_ID] == 3])
+                end.release(w, s)  # every chunk comes before the failure, or after the restart
+        last = np.concatenate(before)[-1] if before else None
+        assert last is not None and (last[EPISODE], last[STEP]) == (1, 1), (
+            f"env 3's last transition before the failure was {last}, not (episode 1, step 1): "
+            "a chunk handed over before the failure was not returned before it"
+        )
+        new = [c for c in after if c[0] == 1]
+        assert [s for _, s, _ in new] == [i % layout.slots for i in range(len(new))], (
+            "the restarted worker did not start with every slot free"
+        )
+        obs = np.concatenate([rows["observation"] for _, _, rows in new])
+        action = np.concatenate([rows["action"] for _, _, rows in new])
+        assert (action == counting_actions(obs, _ACTIONS)).all(), "a stale answer was taken"
+        for i in (2, 3):
+            seq = obs[obs[:, ENV_ID] == i]
+            assert seq[0, EPISODE] == 0 and seq[0, STEP] == 0, f"env {i} did not start anew"
+            for a, b in itertools.pairwise(seq):
+                same = a[EPISODE] == b[EPISODE] and b[STEP] == a[STEP] + 1
+                assert same or (b[EPISODE] == a[EPISODE] + 1 and b[STEP] == 0), (
+                    f"env {i} stream jumps from {a.tolist()} to {b.tolist()} after the restart"
+                )
+    finally:
+        transport.close()
+        responder.stop()
+
+
 CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
     "round_trip": check_round_trip,
     "double_buffered_round_trip": check_double_buffered_round_trip,
@@ -503,6 +565,7 @@ CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
     "worker_error": check_worker_error,
     "abort": check_abort,
     "close_unblocks_workers": check_close_unblocks_workers,
+    "restart": check_restart,
 }
 
 

@@ -178,3 +178,28 @@ def test_env_observation_of_the_wrong_shape(transport):
     with pytest.raises(WorkerError, match=r"env 1 returned an observation of shape \(3,\)") as e:
         list(c)
     assert e.value.env_index == 1
+
+
+def _vector_env_with(**attributes):
+    from rlcollect.testing import CountingVectorEnv
+
+    env = CountingVectorEnv(0, 4, 2)
+    for name, value in attributes.items():
+        setattr(env, name, value)
+    return env
+
+
+@pytest.mark.parametrize(
+    ("attributes", "error", "match"),
+    [
+        ({"num_envs": 0}, TypeError, r"env_fns\[0\] returned a vector env with num_envs=0"),
+        (
+            {"batch_size": 5},
+            ValueError,
+            r"vector env with batch_size=5; it must be an int from 1 to num_envs=4",
+        ),
+    ],
+)
+def test_bad_vector_env_factories(attributes, error, match):
+    with pytest.raises(error, match=match):
+        build(env_fns=[functools.partial(_vector_env_with, **attributes)], transport="thread")

@@ -33,10 +33,11 @@ from gymnasium import spaces
 from tensordict import TensorDict
 
 from rlcollect.collector.batches import BatchBuilder
+from rlcollect.collector.restarts import RESTART_SLOTS, WorkerRestarts
 from rlcollect.collector.source import Source, describe
 from rlcollect.collector.spec import WorkerSpec, observation_key, transition_fields
 from rlcollect.collector.worker import run_worker
-from rlcollect.errors import ChannelClosed, CollectorError
+from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner, output_fields
 from rlcollect.inference.process import InferenceConfig, ProcessInference, WeightsLayout
@@ -150,6 +151,15 @@ class AsyncBatchedCollector:
             able to start sampling after this many rows, or both wait for each other.
         seed: env ``i`` is reset with ``seed + i`` the first time; None leaves envs
             unseeded.
+        max_worker_restarts: how many times in all the collector restarts a worker that
+            failed (an env raised, the process died) instead of raising its error. The
+            worker's envs are rebuilt and reset; each one's interrupted episode ends
+            ``truncated`` at its last delivered transition, and the transitions it had
+            not handed over yet are dropped, so streams stay whole and budgets exact
+            (``docs/failures.md``). Each restart warns with a
+            :class:`~rlcollect.errors.WorkerRestartWarning`. Default 0: the first
+            failure is raised. Needs plain envs (not vector envs) and a transport that
+            can restart workers (both built-in ones can).
 
     Raises:
         TypeError, ValueError: at construction, for arguments, envs or a policy that
@@ -189,6 +199,7 @@ class AsyncBatchedCollector:
         train_ratio: float | None = None,
         learning_starts: int = 0,
         seed: int | None = 0,
+        max_worker_restarts: int = 0,
     ) -> None:
         self._closed = True  # until everything is up: shutdown() must work at any point
         self._transport: Transport | None = None
@@ -240,8 +251,21 @@ class AsyncBatchedCollector:
             )
 
         policy_source = _policy_source(policy, policy_factory, inference_backend, transport_obj)
+        _check_int("max_worker_restarts", max_worker_restarts, minimum=0)
+        if max_worker_restarts and not transport_obj.supports_restart:
+            raise ValueError(
+                f"max_worker_restarts={max_worker_restarts}, but the transport "
+                f"{type(transport_obj).__name__} cannot restart workers (supports_restart "
+                "is False)"
+            )
 
         source = _probe_source(env_fns[0])
+        if max_worker_restarts and source.vector:
+            raise ValueError(
+                "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
+                "chunks do not hold every sub-env's last transition to end its episode at"
+            )
+        slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
         observation_space, action_space = source.observation_space, source.action_space
         groups = _groups(worker_splits, envs_per_worker, source)
         num_envs = len(env_fns) * source.envs
@@ -271,7 +295,7 @@ class AsyncBatchedCollector:
             staging = Staging(staged, source.batch_size)
         num_workers = len(env_fns) // envs_per_worker
         layout = RingLayout(
-            fields, num_workers, worker_envs, chunk_steps, _SLOTS, groups=groups, staging=staging
+            fields, num_workers, worker_envs, chunk_steps, slots, groups=groups, staging=staging
         )
         observations = dict(zip(paths, obs_fields, strict=True))
         outputs = {f.key: f for f in (action_field, *extra_fields)}
@@ -295,23 +319,21 @@ class AsyncBatchedCollector:
                 weights=WeightsLayout.of(served.state_dict()),
             )
             del served, runner  # the inference process builds its own
-        programs = [
-            functools.partial(
-                run_worker,
-                spec=WorkerSpec(
-                    env_fns=tuple(env_fns[w * envs_per_worker : (w + 1) * envs_per_worker]),
-                    env_offset=w * worker_envs,
-                    seed=seed,
-                    chunk_steps=chunk_steps,
-                    slots=_SLOTS,
-                    source=source,
-                    observation_paths=paths,
-                    discrete_actions=isinstance(action_space, spaces.Discrete),
-                    groups=groups,
-                ),
+        specs = [
+            WorkerSpec(
+                env_fns=tuple(env_fns[w * envs_per_worker : (w + 1) * envs_per_worker]),
+                env_offset=w * worker_envs,
+                seed=seed,
+                chunk_steps=chunk_steps,
+                slots=slots,
+                source=source,
+                observation_paths=paths,
+                discrete_actions=isinstance(action_space, spaces.Discrete),
+                groups=groups,
             )
             for w in range(num_workers)
         ]
+        programs = [functools.partial(run_worker, spec=spec) for spec in specs]
 
         self.num_envs = num_envs
         self.frames_per_batch = frames_per_batch
@@ -366,6 +388,16 @@ class AsyncBatchedCollector:
         self._builder = BatchBuilder(
             layout, self._end.buffers, frames_per_batch=frames_per_batch, total_frames=total_frames
         )
+        self._restarts: WorkerRestarts | None = None
+        if max_worker_restarts:
+            self._restarts = WorkerRestarts(
+                max_worker_restarts,
+                transport_obj,
+                layout,
+                self._end.buffers,
+                specs,
+                num_envs=num_envs,
+            )
 
     # ------------------------------------------------------------------ iteration
 
@@ -407,7 +439,21 @@ class AsyncBatchedCollector:
             except ChannelClosed:
                 self._raise_server_error()
                 raise CollectorError("the transport closed while collecting") from None
+            except WorkerError as error:
+                if self._restarts is None:
+                    raise
+                try:
+                    self._restarts.restart(error, self._builder)
+                except ChannelClosed:  # shut down or aborted meanwhile
+                    self._raise_server_error()
+                    raise error from error.__cause__
+                continue
             for worker, slot in chunks:
+                if self._restarts is not None:
+                    held = self._restarts.hold(worker, slot)
+                    if held is None:
+                        continue
+                    slot = held
                 self._builder.add_chunk(worker, slot)
                 self._end.release(worker, slot)
             self._raise_server_error()
@@ -615,6 +661,7 @@ class AsyncBatchedCollector:
         cpu = time.process_time() - self._cpu_started
         out: dict[str, Any] = {
             "frames": self._frames,
+            "worker_restarts": 0 if self._restarts is None else self._restarts.count,
             "batches": self._batches,
             "seconds": elapsed,
             "frames_per_second": self._frames / elapsed if elapsed > 0 else 0.0,

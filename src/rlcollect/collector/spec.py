@@ -57,6 +57,8 @@ class WorkerSpec:
     the worker's envs are numbered from ``env_offset`` (a vector env's sub-envs count
     one by one). ``groups`` is the number of groups its envs split into, each with a
     request of its own outstanding (for vector envs: one group per vector env).
+    ``first_episode`` numbers the first episode of each env (a restarted worker goes on
+    from where the one it replaces stopped); None: every env starts at episode 0.
     """
 
     env_fns: tuple[Callable[[], Any], ...]
@@ -68,6 +70,7 @@ class WorkerSpec:
     observation_paths: tuple[Path, ...]
     discrete_actions: bool
     groups: int = 1
+    first_episode: tuple[int, ...] | None = None
 
     @property
     def num_envs(self) -> int:

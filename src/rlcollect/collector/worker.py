@@ -140,6 +140,8 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
 
     env_ids = spec.env_offset + np.arange(k, dtype=np.int64)
     episode = np.zeros(k, dtype=np.int64)
+    if spec.first_episode is not None:
+        episode[:] = spec.first_episode
     step = np.zeros(k, dtype=np.int64)
     current: list[Any] = []
     for j, env in enumerate(envs):

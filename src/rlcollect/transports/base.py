@@ -32,6 +32,11 @@ driver's :class:`ServerEnd`. Every wait on either end must end when the other si
 away: worker waits raise :class:`~rlcollect.errors.ChannelClosed` once the driver
 closes or dies, and :meth:`ServerEnd.wait_chunks` raises
 :class:`~rlcollect.errors.WorkerError` once a worker has failed or died.
+
+A transport may also restart a failed worker (:meth:`Transport.restart_worker`, for the
+collector's ``max_worker_restarts``): the new worker shares the old one's request and
+response channels, so requests carry the worker's generation and responses echo it
+(``transports/generations.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -139,7 +145,9 @@ class ServerEnd(RequestEnd):
         """Chunks ``(worker, slot)`` handed over, waiting up to ``timeout`` s for one.
 
         Returns an empty list on timeout. Raises WorkerError when a worker failed or
-        died, and ChannelClosed once aborted.
+        died (on every call, until :meth:`Transport.restart_worker` replaces it), and
+        ChannelClosed once aborted. A transport that supports restarts returns every
+        chunk a worker handed over before it raises that worker's failure.
         """
 
     @abstractmethod
@@ -163,6 +171,27 @@ class Transport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop every worker and free every resource. Idempotent; never hangs."""
+
+    #: Whether :meth:`restart_worker` is implemented (``max_worker_restarts`` needs it).
+    supports_restart: ClassVar[bool] = False
+
+    def restart_worker(self, worker: int, program: WorkerProgram) -> None:
+        """Replace failed worker ``worker`` by a new one running ``program``.
+
+        Called from the consuming thread once :meth:`ServerEnd.wait_chunks` has raised
+        the worker's failure (so every chunk it handed over has been returned). The
+        transport makes sure the old worker has stopped (killing it if need be), gives
+        every slot of the worker back to the new one (chunks the old one did not hand
+        over are dropped, and the driver releases none of its slots afterwards), stops
+        raising the old failure, and keeps the new worker from taking responses meant
+        for the old one's requests. Transports that implement it set
+        :attr:`supports_restart`.
+
+        Raises:
+            NotImplementedError: the transport cannot restart workers.
+            RuntimeError: the transport is not running.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot restart workers")
 
 
 def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailure:

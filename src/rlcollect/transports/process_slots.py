@@ -48,6 +48,27 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits. The
   same happens when the driver dies, however it dies. A worker's death closes its end
   of ``reports[i]``, which wakes the driver's poll at once.
+
+Restarting worker ``i`` (``restart_worker``, for ``max_worker_restarts``), and why it is
+safe:
+
+* The driver keeps its copies of the pipe ends a new worker needs (``requests`` and
+  ``chunks`` write ends, ``responses[i]`` read end) for the collector's lifetime.
+* A worker's failure is raised from ``wait_chunks`` only after the chunks pipe has been
+  read empty once the failure was seen: the worker wrote every ``(i, slot)`` message
+  before it reported or died, so all its handed-over chunks reach the driver first.
+* The driver waits for the old process to exit (and kills it after two seconds), so
+  nothing of it writes to the ring or reads a pipe any more. Its slots are all free
+  again: the new worker gets a fresh ``credits[i]`` pipe holding ``slots`` bytes and a
+  fresh ``reports[i]`` pipe; the driver releases none of the old worker's slots after
+  the restart. The rows the old worker was writing are simply overwritten.
+* ``responses[i]`` and the requests pipe are shared with the inference server, which
+  may still hold requests of the old worker and will answer them. Each worker writes
+  its generation into the worker field of its messages (``generations.py``) and each
+  response byte echoes the generation of the request it answers; the new worker skips
+  bytes of another generation. Such a stale request arrived before every request of
+  the new worker, so the server serves it first (or in the same batch), and its writes
+  land in cells the new worker overwrites before it reads them.
 """
 
 from __future__ import annotations
@@ -81,6 +102,7 @@ from rlcollect.transports.base import (
     WorkerProgram,
     failure_from_exception,
 )
+from rlcollect.transports.generations import Generations, response_token, tag
 from rlcollect.transports.layout import RingLayout, worker_views
 
 __all__ = [
@@ -109,6 +131,7 @@ class _Header:
     responses_r: int
     credits_r: int
     reports_w: int
+    generation: int = 0
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -119,12 +142,16 @@ class _ProcessWorker(WorkerEnd):
         self.index = header.index
         self.buffers = worker_views(header.layout.views(ring), header.index)
         self._h = header
+        self._tag = tag(header.index, header.generation)
+        self._token = bytes([response_token(header.generation)])
 
     def request(self, position: int) -> None:
-        _write(self._h.requests_w, _MESSAGE.pack(self.index, position))
+        _write(self._h.requests_w, _MESSAGE.pack(self._tag, position))
 
     def wait_response(self) -> None:
-        _read_token(self._h.responses_r)
+        # Skips answers to requests of a worker this one replaced (generations.py).
+        while _read_token(self._h.responses_r) != self._token:
+            pass
 
     def hand_over(self, slot: int) -> None:
         _write(self._h.chunks_w, _MESSAGE.pack(self.index, slot))
@@ -149,13 +176,14 @@ def _write(fd: int, data: bytes) -> None:
         raise ChannelClosed("the driver closed the transport") from exc
 
 
-def _read_token(fd: int) -> None:
+def _read_token(fd: int) -> bytes:
     try:
         token = os.read(fd, 1)
     except OSError as exc:
         raise ChannelClosed("the driver closed the transport") from exc
     if not token:
         raise ChannelClosed("the driver closed the transport")
+    return token
 
 
 def attach_segment(name: str, size: int) -> mmap.mmap:
@@ -256,20 +284,23 @@ class _ProcessServer(ServerEnd):
         self._lock = threading.Lock()
         self._aborted = False
         self._failure: WorkerError | None = None
+        self._generations = Generations(layout.num_workers)
 
     # inference thread ------------------------------------------------------------------
 
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
         if self._aborted:
             raise ChannelClosed("transport aborted")
-        return _read_requests(self._requests_r, self._request_poll, self._wake_r, timeout)
+        tagged = _read_requests(self._requests_r, self._request_poll, self._wake_r, timeout)
+        return self._generations.split(tagged)
 
     def respond(self, workers: Sequence[int]) -> None:
         with self._lock:
             if self._aborted:
                 return
             for w in workers:
-                _write_driver(self._responses_w[w])
+                token = bytes([response_token(self._generations.answer(w))])
+                _write_driver(self._responses_w[w], token)
 
     # consuming thread ------------------------------------------------------------------
 
@@ -282,12 +313,26 @@ class _ProcessServer(ServerEnd):
         for fd, _ in ready:
             worker = self._reports_r.get(fd)
             if worker is not None:
-                self._failure = self._collect_failure(worker, fd)
-                raise self._failure
+                failure = self._collect_failure(worker, fd)
+                # Chunks the worker handed over before it failed come first.
+                pending = self._read_chunks(drain=True)
+                self._failure = failure
+                if pending:
+                    return pending
+                raise failure
         for fd, _ in ready:
             if fd == self._wake_r:
                 raise ChannelClosed("transport aborted")
-        data = _read_nowait(self._chunks_r)
+        return self._read_chunks()
+
+    def _read_chunks(self, drain: bool = False) -> list[tuple[int, int]]:
+        """Chunk messages waiting now; with ``drain``, until the pipe is empty."""
+        data = _read_nowait(self._chunks_r) or b""
+        while drain and data:
+            more = _read_nowait(self._chunks_r)
+            if not more:
+                break
+            data += more
         if not data:
             return []
         pairs = np.frombuffer(data, dtype="<i4").reshape(-1, 2)
@@ -324,6 +369,28 @@ class _ProcessServer(ServerEnd):
             f"worker {worker} (pid {proc.pid}) died without reporting an error: {how}",
             worker_index=worker,
         )
+
+    def replace_worker(self, worker: int, credits_w: int, reports_r: int) -> None:
+        """Serve a restarted ``worker`` through its new credits and reports pipes, and
+        stop raising the old one's failure (consuming thread only)."""
+        with self._lock:
+            if self._aborted:
+                os.close(credits_w)
+                os.close(reports_r)
+                raise ChannelClosed("transport aborted")
+            old = self._credits_w[worker]
+            self._credits_w[worker] = credits_w
+            os.close(old)
+        for fd, w in list(self._reports_r.items()):
+            if w == worker:
+                self._chunk_poll.unregister(fd)
+                del self._reports_r[fd]
+                os.close(fd)
+        os.set_blocking(reports_r, False)
+        self._reports_r[reports_r] = worker
+        self._chunk_poll.register(reports_r, select.POLLIN)
+        if self._failure is not None and self._failure.worker_index == worker:
+            self._failure = None
 
     # any thread ------------------------------------------------------------------------
 
@@ -376,9 +443,9 @@ def _read_nowait(fd: int) -> bytes | None:
         return None
 
 
-def _write_driver(fd: int) -> None:
+def _write_driver(fd: int, token: bytes = b"\x01") -> None:
     try:
-        os.write(fd, b"\x01")
+        os.write(fd, token)
     except BrokenPipeError:
         pass  # that worker is gone; wait_chunks reports it
 
@@ -433,17 +500,20 @@ class _RequestEnd(RequestEnd):
             self._poll.register(fd, select.POLLIN)
         self._lock = threading.Lock()
         self._aborted = False
+        self._generations = Generations(channel.layout.num_workers)
 
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
         if self._aborted:
             raise ChannelClosed("transport aborted")
-        return _read_requests(self._requests_r, self._poll, self._wake_r, timeout)
+        tagged = _read_requests(self._requests_r, self._poll, self._wake_r, timeout)
+        return self._generations.split(tagged)
 
     def respond(self, workers: Sequence[int]) -> None:
         with self._lock:
             if not self._aborted:
                 for w in workers:
-                    _write_driver(self._responses_w[w])
+                    token = bytes([response_token(self._generations.answer(w))])
+                    _write_driver(self._responses_w[w], token)
 
     def abort(self) -> None:
         with self._lock:
@@ -487,6 +557,14 @@ class ProcessSlotTransport(Transport):
         self._shm_name: str | None = None
         self._layout: RingLayout | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        # What restart_worker needs: the pipe ends a new worker inherits, per worker the
+        # responses read end and generation, and the environment workers run with.
+        self._shared_w: tuple[int, int] | None = None  # requests, chunks write ends
+        self._responses_r: list[int] = []
+        self._generations: list[int] = []
+        self._child_env: dict[str, str] = {}
+
+    supports_restart = True
 
     @property
     def pids(self) -> list[int]:
@@ -569,30 +647,87 @@ class ProcessSlotTransport(Transport):
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             child_env[var] = "1"
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._child_env = child_env
         try:
             for i, (payload, (resp, cred, rep)) in enumerate(zip(payloads, pipes, strict=True)):
                 header = _Header(i, name, layout, requests_w, chunks_w, resp[0], cred[0], rep[1])
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", _CHILD],
-                    stdin=subprocess.PIPE,
-                    pass_fds=(requests_w, chunks_w, resp[0], cred[0], rep[1]),
-                    env=child_env,
-                )
-                self._procs.append(proc)
-                assert proc.stdin is not None
-                proc.stdin.write(pickle.dumps(header))
-                proc.stdin.write(payload)
-                proc.stdin.close()
+                self._procs.append(self._spawn(header, payload))
         except BaseException:
             for fd in child_fds:
                 os.close(fd)
             self.close()
             raise
-        # The driver keeps only its own ends, so that a worker's exit (or all of them)
-        # shows up as end-of-file on the driver's side.
-        for fd in child_fds:
-            os.close(fd)
+        # The driver keeps its own ends, and of the workers' only those a restarted
+        # worker shares with the one it replaces (requests, chunks, responses[i]); a
+        # worker's exit still shows up as end-of-file on its reports pipe.
+        self._shared_w = (requests_w, chunks_w)
+        self._responses_r = [p[0][0] for p in pipes]
+        self._generations = [0] * len(pipes)
+        for _, credits, reports in pipes:
+            os.close(credits[0])
+            os.close(reports[1])
         return self._server
+
+    def _spawn(self, header: _Header, payload: bytes) -> subprocess.Popen[bytes]:
+        h = header
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            stdin=subprocess.PIPE,
+            pass_fds=(h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w),
+            env=self._child_env,
+        )
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(pickle.dumps(header))
+            proc.stdin.write(payload)
+            proc.stdin.close()
+        except BaseException:
+            proc.kill()  # nobody else knows of it yet
+            try:
+                proc.wait(_REPORT_WAIT)
+            except subprocess.TimeoutExpired:
+                pass
+            raise
+        return proc
+
+    def restart_worker(self, worker: int, program: WorkerProgram) -> None:
+        """Start a new process for ``worker`` after its old one failed or died (the
+        protocol is in this module's docstring).
+
+        Raises:
+            RuntimeError: the transport is not running.
+            TypeError: ``program`` cannot be pickled.
+        """
+        server, layout, name = self._server, self._layout, self._shm_name
+        if server is None or layout is None or name is None or self._shared_w is None:
+            raise RuntimeError("the transport is not running")
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        try:
+            payload = cloudpickle.dumps(program)
+        except Exception as exc:
+            raise TypeError(f"worker {worker}'s program cannot be pickled: {exc}") from exc
+        _stop_processes([self._procs[worker]], timeout=_REPORT_WAIT)
+        credits_r, credits_w = os.pipe()
+        reports_r, reports_w = os.pipe()
+        os.write(credits_w, b"\x01" * layout.slots)  # every slot is free again
+        try:
+            server.replace_worker(worker, credits_w, reports_r)
+            self._generations[worker] += 1
+            header = _Header(
+                worker,
+                name,
+                layout,
+                *self._shared_w,
+                self._responses_r[worker],
+                credits_r,
+                reports_w,
+                generation=self._generations[worker],
+            )
+            self._procs[worker] = self._spawn(header, payload)
+        finally:
+            os.close(credits_r)
+            os.close(reports_w)
 
     def close(self) -> None:
         if self._closed:
@@ -605,6 +740,9 @@ class ProcessSlotTransport(Transport):
         _stop_processes(self._procs, timeout=2.0)
         if self._server is not None:
             self._server.close_fds()
+        for fd in (*(self._shared_w or ()), *self._responses_r):
+            os.close(fd)
+        self._shared_w, self._responses_r = None, []
         if self._finalizer is not None:
             self._finalizer.detach()
 

@@ -12,6 +12,12 @@ so a debugger and ``print`` see the workers), and for environments whose step re
 the GIL (native vector envs), which then run at native speed without any process
 boundary. ``None`` in a queue means "closed": it is put back after being read so that
 every later wait sees it too.
+
+Restarts (``restart_worker``): a request token carries the worker's generation in its
+worker field and a response token echoes it (``generations.py``), so a new worker skips
+answers to its predecessor's requests. A failing worker puts ``(worker, -1)`` on the
+chunks queue after every chunk it handed over; the consumer raises the failure once it
+reaches that marker, so no chunk handed over before the failure is lost.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from rlcollect.transports.base import (
     WorkerProgram,
     failure_from_exception,
 )
+from rlcollect.transports.generations import Generations, tag, wrap
 from rlcollect.transports.layout import RingLayout, worker_views
 
 __all__ = ["ThreadQueueTransport"]
@@ -54,24 +61,36 @@ class _Server(ServerEnd):
             for _ in range(layout.slots):
                 credits.put((0, 0))
             self.credits.append(credits)
-        self.failures: list[WorkerFailure] = []
+        self.failures: list[WorkerFailure] = []  # reached by the consumer: raised
+        self.reported: dict[int, WorkerFailure] = {}  # reported, marker not yet reached
+        self.generations = Generations(layout.num_workers)
+        self.slots = layout.slots
         self.aborted = False
 
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
-        return _drain(self.requests, timeout)
+        return self.generations.split(_drain(self.requests, timeout))
 
     def respond(self, workers: Sequence[int]) -> None:
         for w in workers:
-            self.responses[w].put((0, 0))
+            self.responses[w].put((0, self.generations.answer(w)))
 
     def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
         self._check()
         try:
-            out = _drain(self.chunks, timeout)
+            items = _drain(self.chunks, timeout)
         except ChannelClosed:
-            self._check()  # a worker's report wakes this wait with the closing token
+            self.failures.extend(self.reported.values())
+            self.reported.clear()
+            self._check()
             raise
-        self._check()
+        out = []
+        for w, s in items:
+            if s < 0:  # the failure marker: every chunk of w before it is in `out`
+                self.failures.append(self.reported.pop(w))
+            else:
+                out.append((w, s))
+        if not out:
+            self._check()
         return out
 
     def _check(self) -> None:
@@ -106,16 +125,20 @@ def _drain(q: queue.SimpleQueue[_Token], timeout: float) -> list[tuple[int, int]
 
 
 class _Worker(WorkerEnd):
-    def __init__(self, index: int, server: _Server) -> None:
+    def __init__(self, index: int, server: _Server, generation: int = 0) -> None:
         self.index = index
         self.buffers = worker_views(server.buffers, index)
         self._server = server
+        self._generation = wrap(generation)  # as the server echoes it
+        self._tag = tag(index, generation)
 
     def request(self, position: int) -> None:
-        self._server.requests.put((self.index, position))
+        self._server.requests.put((self._tag, position))
 
     def wait_response(self) -> None:
-        _take(self._server.responses[self.index])
+        # Skips answers to requests of a worker this one replaced (generations.py).
+        while _take(self._server.responses[self.index])[1] != self._generation:
+            pass
 
     def hand_over(self, slot: int) -> None:
         self._server.chunks.put((self.index, slot))
@@ -124,14 +147,16 @@ class _Worker(WorkerEnd):
         _take(self._server.credits[self.index])
 
     def report(self, failure: WorkerFailure) -> None:
-        self._server.failures.append(failure)
-        self._server.chunks.put(None)  # wakes the consumer, which then sees the failure
+        self._server.reported[self.index] = failure
+        self._server.chunks.put((self.index, -1))  # after every chunk this worker handed over
 
 
-def _take(q: queue.SimpleQueue[_Token]) -> None:
-    if q.get() is None:
+def _take(q: queue.SimpleQueue[_Token]) -> tuple[int, int]:
+    token = q.get()
+    if token is None:
         q.put(None)
         raise ChannelClosed("transport closed")
+    return token
 
 
 def _run(program: WorkerProgram, end: _Worker) -> None:
@@ -154,9 +179,12 @@ class ThreadQueueTransport(Transport):
     an idle daemon thread. Use :class:`ProcessSlotTransport` where that matters.
     """
 
+    supports_restart = True
+
     def __init__(self) -> None:
         self._server: _Server | None = None
         self._threads: list[threading.Thread] = []
+        self._generations: list[int] = []
         self._closed = False
 
     @property
@@ -171,15 +199,42 @@ class ThreadQueueTransport(Transport):
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
         self._server = _Server(layout)
         for i, program in enumerate(programs):
-            thread = threading.Thread(
-                target=_run,
-                args=(program, _Worker(i, self._server)),
-                name=f"rlcollect-worker-{i}",
-                daemon=True,
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._threads.append(self._start_thread(program, _Worker(i, self._server)))
+            self._generations.append(0)
         return self._server
+
+    def _start_thread(self, program: WorkerProgram, end: _Worker) -> threading.Thread:
+        thread = threading.Thread(
+            target=_run, args=(program, end), name=f"rlcollect-worker-{end.index}", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def restart_worker(self, worker: int, program: WorkerProgram) -> None:
+        """Start a new thread for ``worker`` after its old one failed.
+
+        Raises:
+            RuntimeError: the transport is not running, or the old thread has not ended
+                within two seconds (an env stuck in a native call).
+        """
+        server = self._server
+        if server is None or self._closed:
+            raise RuntimeError("the transport is not running")
+        old = self._threads[worker]
+        old.join(_JOIN_TIMEOUT)  # it reported its failure and is returning
+        if old.is_alive():
+            raise RuntimeError(f"worker {worker}'s thread is still running; cannot restart it")
+        # Only the consuming thread (this one) releases slots, so swapping the queue is safe.
+        credits: queue.SimpleQueue[_Token] = queue.SimpleQueue()
+        for _ in range(server.slots):
+            credits.put((0, 0))
+        server.credits[worker] = credits
+        if server.aborted:
+            credits.put(None)
+        server.failures = [f for f in server.failures if f.worker_index != worker]
+        self._generations[worker] += 1
+        end = _Worker(worker, server, self._generations[worker])
+        self._threads[worker] = self._start_thread(program, end)
 
     def close(self) -> None:
         if self._closed:
