@@ -162,24 +162,25 @@ class InferenceError(CollectorError):
         >>> import gymnasium as gym
         >>> import torch
         >>> from rlcollect import AsyncBatchedCollector, InferenceError
-        >>> class Flaky(torch.nn.Module):  # fine on the probe, fails once serving
+        >>> class Policy(torch.nn.Module):  # raises once its "broken" buffer is set
         ...     def __init__(self):
         ...         super().__init__()
-        ...         self.calls = 0
+        ...         self.register_buffer("broken", torch.tensor(False))
         ...     def forward(self, observation):
-        ...         self.calls += 1
-        ...         if self.calls > 1:
+        ...         if self.broken:
         ...             raise RuntimeError("NaN in the logits")
         ...         return torch.zeros(len(observation), dtype=torch.int64)
         >>> try:
         ...     with AsyncBatchedCollector(
         ...         [functools.partial(gym.make, "CartPole-v1")] * 2,
-        ...         Flaky(),
+        ...         Policy(),
         ...         frames_per_batch=16,
         ...         transport="thread",
         ...         policy_device="cpu",
         ...     ) as collector:
-        ...         next(collector)
+        ...         _ = collector.update_policy_weights_({"broken": torch.tensor(True)})
+        ...         for batch in collector:
+        ...             pass
         ... except InferenceError as error:
         ...     print(error, "|", type(error.__cause__).__name__)
         the inference server failed: RuntimeError: NaN in the logits | RuntimeError

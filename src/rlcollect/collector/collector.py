@@ -756,6 +756,9 @@ class AsyncBatchedCollector:
             CollectorError: when shut down; the background error if collection failed.
             KeyError: when the weights' names are not the policy's (missing or extra).
             ValueError: when a weight's shape is not the policy's.
+            InferenceError: with ``inference_backend="process"``, when the inference
+                process has failed or has not applied the weights of two versions ago
+                within its deadline.
 
         Examples:
             Every row carries the version of the weights that chose its action:

@@ -175,8 +175,9 @@ class RequestEnd(ABC):
         >>> action = layout.request_sources(end.buffers, ("action",))  # [rows]
         >>> served = 0
         >>> while served < 6:
-        ...     requests = end.wait_requests(5.0)
-        ...     workers, numbers = np.array(requests, dtype=np.intp).T
+        ...     requests = end.wait_requests(5.0)  # [(worker, request number), ...]
+        ...     workers = np.array([worker for worker, _ in requests], dtype=np.intp)
+        ...     numbers = np.array([number for _, number in requests], dtype=np.intp)
         ...     rows = request_rows(layout, end.buffers, workers, numbers)
         ...     action[rows] = counting_actions(obs[rows])
         ...     end.respond(workers.tolist())
