@@ -172,3 +172,18 @@ def test_worker_splits_benchmark(tmp_path):
     )
     rows = json.loads(out_file.read_text())["summary"]["cartpole"]
     assert rows["envs_per_worker=4,worker_splits=2"]["fps_median"] > 0
+
+
+@pytest.mark.slow
+def test_tuning_sweep_quick(tmp_path):
+    # Two points of two series in fresh processes, tiny windows: the sweep's JSON as the
+    # tuning guide reads it.
+    out = tmp_path / "tuning"
+    run("-m", "benchmarks.tuning", "--quick", "--series", "chunk", "transport", "--out", str(out))
+    for series, first in (("chunk", "transition_chunk_size=1"), ("transport", "thread")):
+        doc = json.loads((out / f"{series}.json").read_text())
+        assert doc["complete"], series
+        row = doc["summary"][first]
+        assert row["failures"] == 0, doc["runs"][first]
+        assert row["frames_per_second"]["median"] > 0
+        assert row["mean_batch_size"]["median"] >= 1

@@ -35,6 +35,7 @@ KINDS = {
     "dqn_blocking": "benchmarks.suite.dqn_loop:run_blocking",
     "dqn_rlcollect": "benchmarks.suite.dqn_loop:run_rlcollect",
     "async_training": "benchmarks.suite.async_training:run",
+    "tuning": "benchmarks.tuning:run",
 }
 METRICS = (
     "frames_per_second",

@@ -2,6 +2,14 @@
 
 The names below are re-exported lazily: worker processes import parts of this package
 and must not pay for (or be able to see) torch, which the collector itself needs.
+
+Examples:
+    >>> import rlcollect
+    >>> rlcollect.__all__
+    ['AsyncBatchedCollector', 'CollectorError', 'InferenceError', 'ReplayBuffer', 'WorkerError']
+    >>> from rlcollect import AsyncBatchedCollector, ReplayBuffer
+    >>> AsyncBatchedCollector.__module__
+    'rlcollect.collector.collector'
 """
 
 from __future__ import annotations

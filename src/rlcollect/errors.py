@@ -22,11 +22,38 @@ __all__ = [
 
 
 class CollectorError(RuntimeError):
-    """Base class of every error rlcollect raises while collecting."""
+    """Base class of every error rlcollect raises while collecting.
+
+    Raised as itself for misuse of a collector's life cycle (iterating or pushing
+    weights after shutdown, iterating while paused or collecting in the background,
+    a pause that is not reached in time); its subclasses
+    :class:`WorkerError` and :class:`InferenceError` say where a failure happened.
+    Arguments that are wrong from the start are ``TypeError`` or ``ValueError`` at
+    construction instead.
+
+    Examples:
+        >>> from rlcollect.errors import CollectorError, InferenceError, WorkerError
+        >>> issubclass(WorkerError, CollectorError), issubclass(InferenceError, CollectorError)
+        (True, True)
+        >>> issubclass(CollectorError, RuntimeError)
+        True
+    """
 
 
 class RemoteTraceback(Exception):
-    """Holds a traceback formatted in another thread or process; used as ``__cause__``."""
+    """Holds a traceback formatted in another thread or process; used as ``__cause__``.
+
+    Args:
+        tb: the formatted traceback (``traceback.format_exception`` joined).
+
+    Examples:
+        >>> from rlcollect.errors import RemoteTraceback
+        >>> cause = RemoteTraceback("Traceback (most recent call last): ...")
+        >>> cause.tb
+        'Traceback (most recent call last): ...'
+        >>> cause.tb in str(cause)  # shown below the error it caused, as a quoted block
+        True
+    """
 
     def __init__(self, tb: str) -> None:
         super().__init__(tb)
@@ -42,7 +69,21 @@ class WorkerFailure:
 
     ``env_index`` is the collector-wide index of the env that raised, or -1 when the
     failure was not inside one env (the worker itself, or an env factory that could not
-    be unpickled).
+    be unpickled). A transport carries it from the worker to the driver, where
+    :meth:`WorkerError.from_failure` turns it into the error the caller sees.
+
+    Args:
+        worker_index: the worker that failed.
+        env_index: the env that raised, or -1.
+        exc_type: the exception's class name.
+        message: the exception's message.
+        traceback: the formatted remote traceback.
+
+    Examples:
+        >>> from rlcollect.errors import WorkerFailure
+        >>> failure = WorkerFailure(0, 3, "ValueError", "bad action", "Traceback ...")
+        >>> failure.env_index, failure.exc_type
+        (3, 'ValueError')
     """
 
     worker_index: int
@@ -57,6 +98,24 @@ class WorkerError(CollectorError):
 
     ``worker_index`` and ``env_index`` name where (``env_index`` is -1 when no single
     env was at fault); the remote traceback is the ``__cause__``.
+
+    Args:
+        message: what happened, naming the env or worker.
+        worker_index: the worker that failed.
+        env_index: the env that raised, or -1 when no single env was at fault.
+
+    Examples:
+        How a collector reports an env that raised (see
+        :class:`~rlcollect.collector.collector.AsyncBatchedCollector` for one caught
+        from a live collector):
+
+        >>> from rlcollect.errors import WorkerError, WorkerFailure
+        >>> failure = WorkerFailure(1, 3, "ValueError", "bad action", "Traceback ...")
+        >>> error = WorkerError.from_failure(failure)
+        >>> print(error)
+        env 3 (worker 1) raised ValueError: bad action
+        >>> error.worker_index, error.env_index, type(error.__cause__).__name__
+        (1, 3, 'RemoteTraceback')
     """
 
     def __init__(self, message: str, *, worker_index: int, env_index: int = -1) -> None:
@@ -66,6 +125,21 @@ class WorkerError(CollectorError):
 
     @classmethod
     def from_failure(cls, failure: WorkerFailure) -> WorkerError:
+        """The error the caller sees for ``failure``, its traceback as ``__cause__``.
+
+        Args:
+            failure: what the worker reported.
+
+        Returns:
+            A :class:`WorkerError` whose message names the env (or only the worker when
+            ``env_index`` is -1) and the remote exception.
+
+        Examples:
+            >>> from rlcollect.errors import WorkerError, WorkerFailure
+            >>> failure = WorkerFailure(2, -1, "EOFError", "pipe closed", "")
+            >>> print(WorkerError.from_failure(failure))
+            worker 2 raised EOFError: pipe closed
+        """
         where = f"worker {failure.worker_index}"
         if failure.env_index >= 0:
             where = f"env {failure.env_index} (worker {failure.worker_index})"
@@ -84,14 +158,61 @@ class WorkerRestartWarning(RuntimeWarning):
 
 
 class InferenceError(CollectorError):
-    """The inference server failed: the policy raised or returned something unusable."""
+    """The inference server failed: the policy raised or returned something unusable.
+
+    The exception the policy raised is the ``__cause__``. A policy that fails on the
+    collector's probe batch at construction is a ``ValueError`` instead.
+
+    Examples:
+        >>> import functools
+        >>> import gymnasium as gym
+        >>> import torch
+        >>> from rlcollect import AsyncBatchedCollector, InferenceError
+        >>> class Policy(torch.nn.Module):  # raises once its "broken" buffer is set
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.register_buffer("broken", torch.tensor(False))
+        ...     def forward(self, observation):
+        ...         if self.broken:
+        ...             raise RuntimeError("NaN in the logits")
+        ...         return torch.zeros(len(observation), dtype=torch.int64)
+        >>> try:
+        ...     with AsyncBatchedCollector(
+        ...         [functools.partial(gym.make, "CartPole-v1")] * 2,
+        ...         Policy(),
+        ...         frames_per_batch=16,
+        ...         transport="thread",
+        ...         policy_device="cpu",
+        ...     ) as collector:
+        ...         _ = collector.update_policy_weights_({"broken": torch.tensor(True)})
+        ...         for batch in collector:
+        ...             pass
+        ... except InferenceError as error:
+        ...     print(error, "|", type(error.__cause__).__name__)
+        the inference server failed: RuntimeError: NaN in the logits | RuntimeError
+    """
 
 
 class ChannelClosed(Exception):
     """A transport endpoint was closed (shutdown, or the other side died).
 
     Raised by transport waits so that no wait can outlive the collector; the worker loop
-    treats it as the signal to exit quietly.
+    treats it as the signal to exit quietly. It never reaches the caller of a collector.
+
+    Examples:
+        >>> from rlcollect.errors import ChannelClosed
+        >>> from rlcollect.testing import counting_layout, counting_programs
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=2, slots=2)
+        >>> transport = ThreadQueueTransport()
+        >>> end = transport.start(layout, counting_programs(layout))
+        >>> end.abort()
+        >>> try:
+        ...     end.wait_requests(10.0)
+        ... except ChannelClosed:
+        ...     print("closed")
+        closed
+        >>> transport.close()
     """
 
 
@@ -100,6 +221,23 @@ class EnvError(Exception):
 
     Transports turn it into a :class:`WorkerFailure` that names the env and carries the
     env's own exception and traceback.
+
+    Args:
+        env_index: the collector-wide index of the env that raised.
+        during: what the worker was doing with it (``"step"``, ``"reset"``, ...).
+
+    Examples:
+        >>> from rlcollect.errors import EnvError
+        >>> from rlcollect.transports.base import failure_from_exception
+        >>> try:
+        ...     try:
+        ...         raise ValueError("bad action")
+        ...     except ValueError as exc:
+        ...         raise EnvError(5, "step") from exc
+        ... except EnvError as error:
+        ...     failure = failure_from_exception(2, error)
+        >>> failure.env_index, failure.exc_type, failure.message
+        (5, 'ValueError', 'bad action (during step)')
     """
 
     def __init__(self, env_index: int, during: str) -> None:

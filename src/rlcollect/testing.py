@@ -7,12 +7,14 @@ row. :class:`CountingVectorEnv` is a vector env of CountingEnvs driven with
 as native asynchronous vector envs do. :func:`check_transport` runs the transport
 conformance suite against any :class:`~rlcollect.transports.Transport` subclass,
 driving it with real worker loops over these envs and a numpy stand-in for the
-inference server::
-
-    from rlcollect.testing import check_transport
-    check_transport(MyTransport)          # raises AssertionError naming the failed check
+inference server (``AssertionError`` naming the failed check if one fails).
 
 This module imports no torch: ``CountingEnv`` runs inside worker processes.
+
+Examples:
+    >>> from rlcollect.testing import check_transport
+    >>> from rlcollect.transports import ThreadQueueTransport
+    >>> check_transport(ThreadQueueTransport)  # returns None when every check passes
 """
 
 from __future__ import annotations
@@ -52,12 +54,43 @@ ENV_ID, EPISODE, STEP, LAST_ACTION = 0, 1, 2, 3
 
 
 def episode_length(env_id: int, episode: int) -> int:
-    """Steps in episode ``episode`` of CountingEnv ``env_id``: 3 to 9, varying."""
+    """Steps in episode ``episode`` of CountingEnv ``env_id``: 3 to 9, varying.
+
+    Args:
+        env_id: the CountingEnv's id.
+        episode: the episode number, from 0.
+
+    Returns:
+        The episode's length in steps.
+
+    Examples:
+        >>> from rlcollect.testing import episode_length
+        >>> [episode_length(0, e) for e in range(4)]
+        [3, 6, 9, 5]
+    """
     return 3 + (env_id * 5 + episode * 3) % 7
 
 
 def counting_actions(obs: np.ndarray, num_actions: int = 5) -> np.ndarray:
-    """The deterministic policy the tests use: a function of an observation's own row."""
+    """The deterministic policy the tests use: a function of an observation's own row.
+
+    Since each action depends on the env id, episode and step of the observation it
+    answers, a test can tell from ``("next", "observation")[..., LAST_ACTION]`` whether
+    an env received the action meant for it.
+
+    Args:
+        obs: CountingEnv observations ``[..., 4]``.
+        num_actions: the size of the Discrete action space.
+
+    Returns:
+        int64 actions ``[...]``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from rlcollect.testing import counting_actions
+        >>> counting_actions(np.array([[0, 0, 0, 0], [1, 0, 2, 0]]))
+        array([0, 4])
+    """
     o = np.asarray(obs, dtype=np.int64)
     out: np.ndarray = (o[..., ENV_ID] * 7 + o[..., EPISODE] * 3 + o[..., STEP]) % num_actions
     return out
@@ -70,6 +103,26 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):  # type: ignore[misc]
     when ``e`` is even, truncated when odd. The reward of a step is ``step + 1``.
     ``fail_at`` ``(episode, step)`` makes ``step`` raise there; ``fail_in_reset`` makes
     the reset that would start that episode raise instead.
+
+    Args:
+        env_id: the id written into every observation.
+        num_actions: size of the Discrete action space.
+        fail_at: ``(episode, step)`` at which to raise ``RuntimeError``, or None.
+        fail_in_reset: raise in the reset that starts episode ``fail_at[0]`` instead.
+
+    Raises:
+        ValueError: ``step`` got an action outside the action space.
+        RuntimeError: at ``fail_at``, on purpose.
+
+    Examples:
+        >>> from rlcollect.testing import CountingEnv
+        >>> env = CountingEnv(7)
+        >>> env.reset()
+        (array([7, 0, 0, 0]), {})
+        >>> env.step(3)
+        (array([7, 0, 1, 3]), 1.0, False, False, {})
+        >>> env.step(1)[0], env.step(2)[2]  # episode 0 of env 7 lasts 3 steps
+        (array([7, 0, 2, 1]), True)
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -129,6 +182,29 @@ class CountingVectorEnv(VectorEnv):  # type: ignore[misc]
     (``NextStep``: the step after an episode's end only resets; ``SameStep``: the
     result that ends an episode carries the reset observation, the final one is in
     ``info["final_obs"]``, a ``[batch_size, 4]`` array).
+
+    Args:
+        first: id of the first sub-env.
+        num_envs: sub-envs.
+        batch_size: sub-envs each ``recv`` returns, ``1 … num_envs``.
+        autoreset_mode: ``"NextStep"`` or ``"SameStep"``.
+        order_seed: seeds the choice of sub-envs each ``recv`` returns.
+        num_actions: size of each sub-env's Discrete action space.
+
+    Raises:
+        ValueError: ``batch_size`` out of range, or ``send`` got another number of
+            actions than the last result had sub-envs.
+        RuntimeError: ``recv`` with fewer sub-envs under way than ``batch_size``.
+
+    Examples:
+        >>> from rlcollect.testing import CountingVectorEnv
+        >>> envs = CountingVectorEnv(first=10, num_envs=4, batch_size=2)
+        >>> obs, info = envs.reset(seed=0)
+        >>> obs.shape, bool((obs[:, 0] == 10 + info["env_id"]).all())  # which sub-envs
+        ((2, 4), True)
+        >>> obs, reward, terminated, truncated, info = envs.step([1, 2])
+        >>> obs.shape, len(info["env_id"])
+        ((2, 4), 2)
     """
 
     def __init__(
@@ -166,6 +242,8 @@ class CountingVectorEnv(VectorEnv):  # type: ignore[misc]
         return obs, info
 
     def send(self, actions: np.ndarray) -> None:
+        """Start a step (or, after an episode's end with NextStep, a reset) of each
+        sub-env of the last result, with ``actions`` in that result's order."""
         actions = np.asarray(actions)
         if actions.shape[0] != len(self._last):
             raise ValueError(f"{actions.shape[0]} actions for {len(self._last)} sub-envs")
@@ -176,6 +254,9 @@ class CountingVectorEnv(VectorEnv):  # type: ignore[misc]
                 self._under_way[j] = ("step", a)
 
     def recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Finish ``batch_size`` of the steps or resets under way, picked at random:
+        ``(obs, reward, terminated, truncated, info)``, the sub-envs in
+        ``info["env_id"]``."""
         if len(self._under_way) < self.batch_size:
             raise RuntimeError(
                 f"recv with {len(self._under_way)} sub-envs under way, fewer than batch_size"
@@ -233,6 +314,28 @@ def counting_layout(
 
     ``groups`` requests per worker; ``vector_batch > 0``: staged requests of that many
     rows, for workers of ``groups`` CountingVectorEnvs (see :func:`counting_programs`).
+
+    Args:
+        num_workers: workers.
+        envs_per_worker: env columns per worker (sub-envs counted one by one).
+        chunk_steps: steps of each env per chunk.
+        slots: chunk slots per worker.
+        groups: requests a worker may hold at once.
+        vector_batch: rows of a staged request; 0 for in-place requests.
+
+    Returns:
+        The :class:`~rlcollect.transports.layout.RingLayout`.
+
+    Raises:
+        ValueError: sizes that do not fit together (see ``RingLayout``).
+
+    Examples:
+        >>> from rlcollect.testing import counting_layout
+        >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+        >>> layout.positions, layout.request_columns
+        (8, 3)
+        >>> [f.key for f in layout.fields][:3]
+        [('observation',), ('next', 'observation'), ('action',)]
     """
     obs = Field(("observation",), (4,), np.dtype(np.int64))
     action = Field(("action",), (), np.dtype(np.int64))
@@ -253,6 +356,24 @@ def counting_programs(
     A staged layout gets ``groups`` CountingVectorEnvs per worker, each of
     ``envs_per_worker // groups`` sub-envs returning ``request_columns`` at a time;
     otherwise each worker steps ``envs_per_worker`` CountingEnvs.
+
+    Args:
+        layout: a ring from :func:`counting_layout`.
+        fail: env index -> ``(episode, step)`` at which that env raises.
+
+    Returns:
+        One worker program per worker, ready for ``Transport.start``.
+
+    Examples:
+        >>> from rlcollect.testing import counting_layout, counting_programs
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
+        >>> programs = counting_programs(layout, fail={1: (0, 1)})
+        >>> len(programs)
+        2
+        >>> transport = ThreadQueueTransport()
+        >>> end = transport.start(layout, programs)
+        >>> transport.close()
     """
     fail = fail or {}
     programs = []
@@ -567,10 +688,31 @@ CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
     "close_unblocks_workers": check_close_unblocks_workers,
     "restart": check_restart,
 }
+"""The conformance checks by name, in the order :func:`check_transport` runs them; run
+one alone as ``CHECKS[name](make_transport)``."""
 
 
 def check_transport(make_transport: Callable[[], Transport]) -> None:
-    """Run every check of the conformance suite on transports from ``make_transport``."""
+    """Run every check of the conformance suite on transports from ``make_transport``.
+
+    The checks (:data:`CHECKS`, in order) start a fresh transport each, drive it with
+    real worker loops over CountingEnvs and a numpy stand-in for the inference server,
+    and check routing, stream order, backpressure, error reporting, ``abort`` and
+    ``close``. A check that would hang fails after a 10-second deadline instead.
+
+    Args:
+        make_transport: builds a new, unstarted transport (a class works).
+
+    Raises:
+        AssertionError: a check failed; the message names it and what went wrong.
+
+    Examples:
+        >>> from rlcollect.testing import CHECKS, check_transport
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> list(CHECKS)[:3]
+        ['round_trip', 'double_buffered_round_trip', 'staged_round_trip']
+        >>> check_transport(ThreadQueueTransport)
+    """
     for name, check in CHECKS.items():
         try:
             check(make_transport)

@@ -161,19 +161,91 @@ class AsyncBatchedCollector:
             failure is raised. Needs plain envs (not vector envs) and a transport that
             can restart workers (both built-in ones can).
 
+    Attributes:
+        num_envs: envs in all (sub-envs of vector envs counted one by one).
+        frames_per_batch: as given.
+        total_frames: as given (-1: endless).
+        worker_splits: request groups per worker, resolved (None became its default).
+        transition_chunk_size: transitions per worker message, resolved (``"auto"``
+            became a number).
+        policy_device: the ``torch.device`` the policy is served on.
+        observation_space: the envs' (single) observation space.
+        action_space: the envs' (single) action space.
+        transport: the :class:`~rlcollect.transports.Transport` in use, kept after
+            shutdown for its diagnostics.
+
     Raises:
-        TypeError, ValueError: at construction, for arguments, envs or a policy that
-            cannot work together; the message names the problem.
-        WorkerError: while iterating, when an env raises or a worker dies.
-        InferenceError: while iterating, when the policy fails.
+        TypeError: at construction, for an argument of the wrong kind: ``env_fns`` not a
+            sequence of callables, a factory that cannot be pickled for a worker process,
+            a policy that is not a module, cannot be copied or pickled where it must be,
+            integer actions returned as floats, an unsupported space.
+        ValueError: at construction, for values that cannot work together: a size out of
+            range or not dividing another, an unknown transport or backend, CUDA options
+            without CUDA, an env factory or a policy that raises on its probe, policy
+            outputs of the wrong shape or under a reserved key.
+        WorkerError: while iterating (also from :meth:`shutdown` and the ``with``
+            block's exit), when an env raises or a worker dies; it names the env and
+            worker, and carries the remote traceback as ``__cause__``.
+        InferenceError: while iterating, when the policy fails or returns something
+            other than it did when the collector was built.
+        CollectorError: iterating a collector that is shut down, paused or collecting
+            in the background.
 
-    Example::
+    Examples:
+        Eight transitions from each of two CartPole envs in worker processes, a policy
+        that samples its actions, new weights after every batch:
 
-        with AsyncBatchedCollector([make_env] * 8, policy, frames_per_batch=256,
-                                   total_frames=10_000) as collector:
-            for batch in collector:
-                learn(batch)
-                collector.update_policy_weights_(policy)
+        >>> import functools
+        >>> import gymnasium as gym
+        >>> import torch
+        >>> from rlcollect import AsyncBatchedCollector
+        >>> class Policy(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.logits = torch.nn.Linear(4, 2)
+        ...     def forward(self, observation):  # [B, 4] float32 -> sampled actions [B]
+        ...         logits = self.logits(observation)
+        ...         return torch.distributions.Categorical(logits=logits).sample()
+        >>> policy = Policy()
+        >>> make_env = functools.partial(gym.make, "CartPole-v1")
+        >>> with AsyncBatchedCollector(
+        ...     [make_env] * 2,
+        ...     policy,
+        ...     frames_per_batch=16,
+        ...     total_frames=48,
+        ...     transport="process_slots",
+        ...     policy_device="cpu",
+        ... ) as collector:
+        ...     for batch in collector:
+        ...         version = collector.update_policy_weights_(policy)
+        ...         print(batch.batch_size, "weights version", version)
+        torch.Size([16]) weights version 1
+        torch.Size([16]) weights version 2
+        torch.Size([16]) weights version 3
+        >>> sorted(batch.keys())
+        ['action', 'env_index', 'episode', 'next', 'observation', 'policy_version', 'step']
+        >>> sorted(batch["next"].keys())
+        ['done', 'observation', 'reward', 'terminated', 'truncated']
+        >>> batch["observation"].dtype, batch["action"].dtype, batch["next", "done"].dtype
+        (torch.float32, torch.int64, torch.bool)
+
+        An env that raises reaches the loop as a :class:`~rlcollect.errors.WorkerError`
+        naming it (``transport="thread"``: worker threads, quick to start):
+
+        >>> from rlcollect import WorkerError
+        >>> def broken_env():
+        ...     def fail(reward):
+        ...         raise RuntimeError("sensor failure")
+        ...     return gym.wrappers.TransformReward(make_env(), fail)
+        >>> try:
+        ...     with AsyncBatchedCollector(
+        ...         [make_env, broken_env], policy, frames_per_batch=16, transport="thread"
+        ...     ) as collector:
+        ...         for batch in collector:
+        ...             pass
+        ... except WorkerError as error:
+        ...     print(error.env_index, "|", error)
+        1 | env 1 (worker 1) raised RuntimeError: sensor failure (during step)
     """
 
     def __init__(
@@ -488,7 +560,31 @@ class AsyncBatchedCollector:
 
         Raises:
             CollectorError: without a ``replay_buffer``, when already started, or when
-                shut down.
+                shut down; the background error if an earlier collection failed.
+
+        Examples:
+            >>> import functools
+            >>> import gymnasium as gym
+            >>> import torch
+            >>> from rlcollect import AsyncBatchedCollector
+            >>> make_env = functools.partial(gym.make, "Pendulum-v1")  # Box(3) -> Box(1)
+            >>> policy = torch.nn.Linear(3, 1)
+            >>> from rlcollect import ReplayBuffer
+            >>> buffer = ReplayBuffer(1_000, seed=0)
+            >>> with AsyncBatchedCollector(
+            ...     [make_env] * 2,
+            ...     policy,
+            ...     frames_per_batch=32,
+            ...     total_frames=128,
+            ...     transport="thread",
+            ...     policy_device="cpu",
+            ...     replay_buffer=buffer,
+            ... ) as collector:
+            ...     collector.start()
+            ...     collector.join(timeout=30.0)  # a learner would sample meanwhile
+            True
+            >>> len(buffer), buffer.sample(8)["action"].shape
+            (128, torch.Size([8, 1]))
         """
         self._raise_background_error()
         if self._closed:
@@ -508,12 +604,36 @@ class AsyncBatchedCollector:
     def join(self, timeout: float | None = None) -> bool:
         """Wait for background collection to end (``total_frames`` reached).
 
+        Args:
+            timeout: seconds to wait at most; None waits for as long as it takes.
+
         Returns:
             True once it has ended, False if ``timeout`` seconds passed first.
 
         Raises:
-            CollectorError: when :meth:`start` was not called; the background error if
-                collection failed.
+            CollectorError: when :meth:`start` was not called; the background error (a
+                :class:`~rlcollect.errors.WorkerError` or
+                :class:`~rlcollect.errors.InferenceError`) if collection failed.
+
+        Examples:
+            See :meth:`start`. With ``total_frames=-1`` background collection never ends
+            by itself, and ``join`` returns False once its timeout has passed:
+
+            >>> import functools
+            >>> import gymnasium as gym
+            >>> import torch
+            >>> from rlcollect import AsyncBatchedCollector, ReplayBuffer
+            >>> with AsyncBatchedCollector(
+            ...     [functools.partial(gym.make, "Pendulum-v1")] * 2,
+            ...     torch.nn.Linear(3, 1),
+            ...     frames_per_batch=32,
+            ...     transport="thread",
+            ...     policy_device="cpu",
+            ...     replay_buffer=ReplayBuffer(1_000),
+            ... ) as collector:
+            ...     collector.start()
+            ...     collector.join(timeout=0.1)
+            False
         """
         if self._background is None:
             raise CollectorError("join() waits for background collection; call start() first")
@@ -561,10 +681,32 @@ class AsyncBatchedCollector:
             CollectorError: when shut down or already paused, or when the quiet point is
                 not reached within ``timeout`` (the background error, if that is why).
 
-        Example::
+        Examples:
+            A consistent checkpoint of the replay buffer between two batches (with
+            :meth:`start` the same block pauses background collection):
 
-            with collector.pause():
-                torch.save(replay_buffer.state_dict(), "replay.pt")
+            >>> import functools
+            >>> import gymnasium as gym
+            >>> import torch
+            >>> from rlcollect import AsyncBatchedCollector
+            >>> make_env = functools.partial(gym.make, "Pendulum-v1")  # Box(3) -> Box(1)
+            >>> policy = torch.nn.Linear(3, 1)
+            >>> from rlcollect import ReplayBuffer
+            >>> buffer = ReplayBuffer(1_000)
+            >>> with AsyncBatchedCollector(
+            ...     [make_env] * 2,
+            ...     policy,
+            ...     frames_per_batch=32,
+            ...     transport="thread",
+            ...     policy_device="cpu",
+            ...     replay_buffer=buffer,
+            ... ) as collector:
+            ...     first = next(collector)
+            ...     with collector.pause():
+            ...         checkpoint = buffer.state_dict()  # or torch.save(it, path)
+            ...     second = next(collector)
+            >>> checkpoint["size"], len(buffer)
+            (32, 64)
         """
         self._raise_background_error()
         if self._closed or self._server is None:
@@ -627,7 +769,23 @@ class AsyncBatchedCollector:
 
     @property
     def policy_version(self) -> int:
-        """Weights version in use: 0 at start, +1 per :meth:`update_policy_weights_`."""
+        """Weights version in use: 0 at start, +1 per :meth:`update_policy_weights_`.
+
+        Examples:
+            >>> import functools
+            >>> import gymnasium as gym
+            >>> import torch
+            >>> from rlcollect import AsyncBatchedCollector
+            >>> make_env = functools.partial(gym.make, "Pendulum-v1")  # Box(3) -> Box(1)
+            >>> policy = torch.nn.Linear(3, 1)
+            >>> with AsyncBatchedCollector(
+            ...     [make_env] * 2, policy, frames_per_batch=32, transport="thread"
+            ... ) as collector:
+            ...     before = collector.policy_version
+            ...     after = collector.update_policy_weights_(policy)
+            >>> before, after
+            (0, 1)
+        """
         return 0 if self._server is None else self._server.policy_version
 
     def update_policy_weights_(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> int:
@@ -642,7 +800,39 @@ class AsyncBatchedCollector:
 
         Raises:
             CollectorError: when shut down; the background error if collection failed.
-            KeyError, ValueError: when the names or shapes do not match the policy's.
+            KeyError: when the weights' names are not the policy's (missing or extra).
+            ValueError: when a weight's shape is not the policy's.
+            InferenceError: with ``inference_backend="process"``, when the inference
+                process has failed or has not applied the weights of two versions ago
+                within its deadline.
+
+        Examples:
+            Every row carries the version of the weights that chose its action:
+
+            >>> import functools
+            >>> import gymnasium as gym
+            >>> import torch
+            >>> from rlcollect import AsyncBatchedCollector
+            >>> make_env = functools.partial(gym.make, "Pendulum-v1")  # Box(3) -> Box(1)
+            >>> policy = torch.nn.Linear(3, 1)
+            >>> with AsyncBatchedCollector(
+            ...     [make_env] * 2,
+            ...     policy,
+            ...     frames_per_batch=32,
+            ...     total_frames=64,
+            ...     transport="thread",
+            ...     policy_device="cpu",
+            ... ) as collector:
+            ...     for batch in collector:
+            ...         with torch.no_grad():
+            ...             _ = policy.weight.mul_(0.5)  # stands for a learning step
+            ...         version = collector.update_policy_weights_(policy.state_dict())
+            >>> version, batch["policy_version"].max().item() <= version
+            (2, True)
+            >>> collector.update_policy_weights_(torch.nn.Linear(3, 2))
+            Traceback (most recent call last):
+            ...
+            rlcollect.errors.CollectorError: the collector is shut down
         """
         self._raise_background_error()
         if self._closed or self._server is None:
@@ -653,8 +843,40 @@ class AsyncBatchedCollector:
     def stats(self) -> dict[str, Any]:
         """Frames, batches, throughput, driver CPU time per frame and server statistics.
 
-        With a ``train_ratio``, also the rows sampled per row collected so far and the
-        seconds collection waited for the learner.
+        Returns:
+            A dict of ``frames`` and ``batches`` delivered, ``seconds`` since construction,
+            ``frames_per_second``, ``driver_cpu_ms_per_frame`` (this process's CPU time,
+            every thread of it, per frame), ``consumer_wait_seconds`` (time the caller
+            waited for batches), ``policy_version``, and ``server``: the inference
+            server's batch count, mean batch size, batch-size histogram, seconds per
+            phase and request latency percentiles. With a ``train_ratio``, also
+            ``train_ratio`` (rows sampled per row collected so far) and
+            ``throttle_wait_seconds`` (seconds collection waited for the learner).
+
+        Raises:
+            CollectorError: the background error, if background collection failed.
+
+        Examples:
+            >>> import functools
+            >>> import gymnasium as gym
+            >>> import torch
+            >>> from rlcollect import AsyncBatchedCollector
+            >>> make_env = functools.partial(gym.make, "Pendulum-v1")  # Box(3) -> Box(1)
+            >>> policy = torch.nn.Linear(3, 1)
+            >>> with AsyncBatchedCollector(
+            ...     [make_env] * 2,
+            ...     policy,
+            ...     frames_per_batch=32,
+            ...     total_frames=96,
+            ...     transport="thread",
+            ...     policy_device="cpu",
+            ... ) as collector:
+            ...     frames = sum(batch.numel() for batch in collector)
+            ...     stats = collector.stats()
+            >>> frames, stats["frames"], stats["batches"]
+            (96, 96, 3)
+            >>> stats["server"]["mean_batch_size"] <= 2  # envs per inference call
+            True
         """
         self._raise_background_error()
         elapsed = time.perf_counter() - self._started
@@ -680,11 +902,34 @@ class AsyncBatchedCollector:
     def shutdown(self) -> None:
         """Stop background collection, the server and the workers; free shared memory.
 
-        Idempotent.
+        Idempotent. The ``with`` block calls it; iteration calls it once
+        ``total_frames`` are delivered, and so does garbage collection.
 
         Raises:
             CollectorError: the background error (a WorkerError or InferenceError), if
                 collection failed and it was not raised yet.
+
+        Examples:
+            Worker processes and the shared-memory segment are gone once it returns:
+
+            >>> import functools
+            >>> import gymnasium as gym
+            >>> import torch
+            >>> from rlcollect import AsyncBatchedCollector
+            >>> make_env = functools.partial(gym.make, "Pendulum-v1")  # Box(3) -> Box(1)
+            >>> policy = torch.nn.Linear(3, 1)
+            >>> collector = AsyncBatchedCollector(
+            ...     [make_env] * 2, policy, frames_per_batch=32, transport="process_slots"
+            ... )
+            >>> batch = next(collector)
+            >>> collector.shutdown()
+            >>> collector.shutdown()  # idempotent
+            >>> import os
+            >>> transport = collector.transport
+            >>> [code is not None for code in transport.exit_codes]  # every worker exited
+            [True, True]
+            >>> os.path.exists(f"/dev/shm/{transport.shm_name}")
+            False
         """
         self._stopping.set()
         background = self._background

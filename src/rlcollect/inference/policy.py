@@ -31,7 +31,33 @@ Path = tuple[str, ...]
 
 
 class PolicyRunner:
-    """Runs ``policy`` on numpy observation batches and returns its outputs by key."""
+    """Runs ``policy`` on numpy observation batches and returns its outputs by key.
+
+    Both calling conventions of the collector: a plain module gets the observation
+    tensor (a TensorDict for dict observations), a ``TensorDictModule`` a TensorDict
+    holding ``observation``.
+
+    Args:
+        policy: a ``torch.nn.Module`` or a ``TensorDictModule``.
+        device: where the policy runs; observations are moved there.
+        observation_paths: the observation leaves, ``((),)`` for a plain array, else
+            one name path per leaf of a dict observation space.
+
+    Raises:
+        TypeError: ``policy`` is not a module.
+
+    Examples:
+        >>> import numpy as np
+        >>> import torch
+        >>> from rlcollect.inference import PolicyRunner
+        >>> class Greedy(torch.nn.Module):
+        ...     def forward(self, observation):
+        ...         return {"action": observation.argmax(-1), "value": observation.max(-1).values}
+        >>> runner = PolicyRunner(Greedy(), torch.device("cpu"), ((),))
+        >>> outputs = runner({(): np.array([[0.1, 0.9], [0.7, 0.3]], dtype=np.float32)})
+        >>> sorted(outputs), outputs[("action",)].tolist()
+        ([('action',), ('value',)], [1, 0])
+    """
 
     def __init__(
         self, policy: torch.nn.Module, device: torch.device, observation_paths: tuple[Path, ...]
@@ -47,7 +73,14 @@ class PolicyRunner:
         self._dict_obs = observation_paths != ((),)
 
     def __call__(self, observations: Mapping[Path, np.ndarray]) -> dict[Key, torch.Tensor]:
-        """``observations[path]`` is ``[B, *shape]``; returns every output as ``[B, ...]``."""
+        """``observations[path]`` is ``[B, *shape]``; returns every output as ``[B, ...]``.
+
+        Raises:
+            KeyError: the policy returned no ``action``.
+            TypeError: the policy returned something other than a tensor, a mapping of
+                tensors or a TensorDict.
+            ValueError: an output lacks the leading batch dimension ``B``.
+        """
         tensors = {
             path: torch.from_numpy(arr).to(self.device) for path, arr in observations.items()
         }

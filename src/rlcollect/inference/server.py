@@ -55,7 +55,32 @@ _LATENCIES = 1 << 14  # request latencies kept for the percentiles (a ring)
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """How the server forms batches (rows = envs)."""
+    """How the server forms batches (rows = envs).
+
+    The collector builds one from its ``max_batch_size``, ``min_batch_size`` and
+    ``batch_timeout`` arguments; the tuning guide (``docs/tuning.md``) gives their
+    measured effect.
+
+    Args:
+        max_batch_size: most env observations per policy call (a batch is a whole
+            number of requests, and never less than one).
+        min_batch_size: observations the server waits for before a call ...
+        batch_timeout: ... but never longer than this many seconds after the oldest
+            waiting request arrived.
+
+    Raises:
+        ValueError: a size that is not a positive int, ``min_batch_size >
+            max_batch_size``, or a negative timeout.
+
+    Examples:
+        >>> from rlcollect.inference import BatchingConfig
+        >>> BatchingConfig(max_batch_size=16, min_batch_size=8, batch_timeout=2e-3)
+        BatchingConfig(max_batch_size=16, min_batch_size=8, batch_timeout=0.002)
+        >>> BatchingConfig(max_batch_size=4, min_batch_size=8)
+        Traceback (most recent call last):
+        ...
+        ValueError: min_batch_size (8) exceeds max_batch_size (4)
+    """
 
     max_batch_size: int
     min_batch_size: int = 1
@@ -93,6 +118,61 @@ class InferenceServer(InferenceBackend):
     transition the batch serves. It is the ``"thread"`` inference backend of the
     collector; :class:`~rlcollect.inference.process.ProcessInference` runs one in a
     process of its own.
+
+    Raises:
+        ValueError: ``step`` holds fewer rows than a batch.
+
+    Examples:
+        The collector builds and runs it; standing alone, it serves any started
+        transport. Here CountingEnv workers on the thread transport, and a policy
+        that answers each env with its step number modulo 5:
+
+        >>> import numpy as np
+        >>> import torch
+        >>> from rlcollect.inference import BatchingConfig, InferenceServer, PolicyRunner
+        >>> from rlcollect.inference.step import build_action_step
+        >>> from rlcollect.testing import counting_layout, counting_programs
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> class StepModFive(torch.nn.Module):  # CountingEnv: [env, episode, step, last]
+        ...     def forward(self, observation):
+        ...         return observation[:, 2] % 5
+        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> fields = {field.key: field for field in layout.fields}
+        >>> runner = PolicyRunner(StepModFive(), torch.device("cpu"), ((),))
+        >>> step = build_action_step(
+        ...     runner,
+        ...     {(): fields[("observation",)]},
+        ...     {("action",): fields[("action",)]},
+        ...     capacity=4,
+        ...     compile_options=None,
+        ...     cuda_graph=False,
+        ... )
+        >>> transport = ThreadQueueTransport()
+        >>> end = transport.start(layout, counting_programs(layout))
+        >>> server = InferenceServer(
+        ...     runner,
+        ...     step,
+        ...     end,
+        ...     layout=layout,
+        ...     batching=BatchingConfig(max_batch_size=4),
+        ...     output_keys=frozenset({("action",)}),
+        ... )
+        >>> server.start()
+        >>> chunks = []
+        >>> while not chunks:
+        ...     for worker, slot in end.wait_chunks(5.0):
+        ...         steps = slice(slot * layout.chunk_steps, (slot + 1) * layout.chunk_steps)
+        ...         obs = end.buffers[("observation",)][worker, steps].copy()
+        ...         next_obs = end.buffers[("next", "observation")][worker, steps].copy()
+        ...         chunks.append((obs, next_obs))
+        ...         end.release(worker, slot)
+        >>> server.stop()
+        >>> transport.close()
+        >>> obs, next_obs = chunks[0]
+        >>> bool((next_obs[..., 3] == obs[..., 2] % 5).all())  # each env got its own action
+        True
+        >>> server.stats()["rows"] >= 8, server.error is None  # one chunk: 4 steps, 2 envs
+        (True, True)
     """
 
     def __init__(
@@ -193,8 +273,8 @@ class InferenceServer(InferenceBackend):
             The new policy version.
 
         Raises:
-            KeyError, ValueError: before changing anything, if the names or shapes do
-                not match the policy's.
+            KeyError: before changing anything, if the names do not match the policy's.
+            ValueError: before changing anything, if a shape does not match.
         """
         target = self._runner.policy.state_dict(keep_vars=True)
         missing = set(target) - set(state_dict)

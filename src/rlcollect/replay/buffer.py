@@ -173,6 +173,21 @@ class ReplayBuffer:
             TypeError: not a TensorDict, non-tensor data, or a dtype other than stored.
             ValueError: a key missing or extra, or a per-row shape other than stored.
             RuntimeError: another thread is in ``extend`` or ``load_state_dict``.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from rlcollect import ReplayBuffer
+            >>> buffer = ReplayBuffer(4)
+            >>> buffer.extend(TensorDict({"x": torch.arange(6)}, batch_size=[6]))
+            >>> len(buffer), buffer.written  # the newest 4 rows are kept
+            (4, 6)
+            >>> sorted(buffer.sample(100)["x"].unique().tolist())
+            [2, 3, 4, 5]
+            >>> buffer.extend(TensorDict({"y": torch.zeros(2)}, batch_size=[2]))
+            Traceback (most recent call last):
+            ...
+            ValueError: extend: keys differ from the buffer's layout ...: missing ['x'], extra ['y']
         """
         rows = _leaves(data, "extend")
         if self._fields is not None:
@@ -212,11 +227,27 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> TensorDict:
         """Draw ``batch_size`` rows uniformly, with replacement; safe from any thread.
 
+        Args:
+            batch_size: rows to draw.
+
         Returns:
             A fresh TensorDict ``[batch_size]`` on the storage device.
 
         Raises:
             ValueError: the buffer is empty, or ``batch_size`` is not a positive int.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from rlcollect import ReplayBuffer
+            >>> buffer = ReplayBuffer(100, seed=0)
+            >>> buffer.sample(8)
+            Traceback (most recent call last):
+            ...
+            ValueError: sample: the buffer is empty; extend it first
+            >>> buffer.extend(TensorDict({"x": torch.ones(10, 3)}, batch_size=[10]))
+            >>> buffer.sample(8)["x"].shape, buffer.sampled
+            (torch.Size([8, 3]), 8)
         """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"sample: batch_size must be a positive int, got {batch_size!r}")
@@ -250,8 +281,32 @@ class ReplayBuffer:
     def wait_sampled(self, target: int, timeout: float) -> bool:
         """Block until ``sampled >= target`` or ``timeout`` (``>= 0``) seconds pass.
 
+        The collector's ``train_ratio`` throttle waits here for the learner.
+
+        Args:
+            target: the count of sampled rows to wait for.
+            timeout: seconds to wait at most.
+
         Returns:
             Whether ``sampled`` reached ``target``.
+
+        Raises:
+            ValueError: a negative ``timeout``.
+
+        Examples:
+            >>> import threading
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from rlcollect import ReplayBuffer
+            >>> buffer = ReplayBuffer(100)
+            >>> buffer.extend(TensorDict({"x": torch.zeros(10)}, batch_size=[10]))
+            >>> buffer.wait_sampled(32, timeout=0.0)
+            False
+            >>> learner = threading.Thread(target=buffer.sample, args=(32,))
+            >>> learner.start()
+            >>> buffer.wait_sampled(32, timeout=10.0)
+            True
+            >>> learner.join()
         """
         if timeout < 0:
             raise ValueError(f"wait_sampled: timeout must be >= 0, got {timeout!r}")
@@ -261,7 +316,21 @@ class ReplayBuffer:
     def state_dict(self) -> dict[str, Any]:
         """The stored rows (copied to the CPU), ring position, counters and generator
         state, as plain tensors, ints and dicts (``torch.load(weights_only=True)`` reads
-        them back). Waits for a running write to finish."""
+        them back). Waits for a running write to finish.
+
+        Returns:
+            The state, for :meth:`load_state_dict` (or ``torch.save``).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from rlcollect import ReplayBuffer
+            >>> buffer = ReplayBuffer(100, seed=0)
+            >>> buffer.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
+            >>> state = buffer.state_dict()
+            >>> state["size"], state["written"], state["cursor"]
+            (10, 10, 10)
+        """
         with self._cond:
             self._cond.wait_for(lambda: not self._writing)
             storage = None
@@ -287,9 +356,23 @@ class ReplayBuffer:
         the buffer then samples what the saved one would have. Not while ``extend`` or
         ``sample`` runs.
 
+        Args:
+            state: what :meth:`state_dict` returned (or ``torch.load`` read back).
+
         Raises:
             ValueError: the state is for another capacity, or inconsistent.
             RuntimeError: ``extend`` or ``sample`` is running.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from rlcollect import ReplayBuffer
+            >>> saved = ReplayBuffer(100, seed=0)
+            >>> saved.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
+            >>> restored = ReplayBuffer(100)
+            >>> restored.load_state_dict(saved.state_dict())
+            >>> torch.equal(restored.sample(5)["x"], saved.sample(5)["x"])
+            True
         """
         cap, cursor, size = state["capacity"], state["cursor"], state["size"]
         if cap != self.capacity:

@@ -62,7 +62,59 @@ __all__ = [
 
 
 class WorkerEnd(ABC):
-    """The worker's end of a transport."""
+    """The worker's end of a transport.
+
+    A worker program (:data:`WorkerProgram`) gets one: it writes into ``buffers``, rings
+    the driver with :meth:`request` and :meth:`hand_over`, and blocks in
+    :meth:`wait_response` and :meth:`wait_slot`, which raise
+    :class:`~rlcollect.errors.ChannelClosed` once the driver has gone.
+
+    Examples:
+        A toy worker on the thread transport, and the driver answering it by hand (the
+        collector's worker loop and inference server do this for real): the worker
+        asks for an action for observation 0, 1, 2, ... and hands each full chunk over.
+
+        >>> import itertools
+        >>> import numpy as np
+        >>> from rlcollect.errors import ChannelClosed
+        >>> from rlcollect.transports import Field, RingLayout, ThreadQueueTransport
+        >>> int64 = np.dtype(np.int64)
+        >>> layout = RingLayout(
+        ...     (Field(("observation",), (), int64), Field(("action",), (), int64)),
+        ...     num_workers=1,
+        ...     envs_per_worker=1,
+        ...     chunk_steps=2,
+        ...     slots=2,
+        ... )
+        >>> def program(end):
+        ...     obs = end.buffers[("observation",)]  # [positions, envs_per_worker]
+        ...     try:
+        ...         for step in itertools.count():
+        ...             position = step % layout.positions
+        ...             slot, t = divmod(position, layout.chunk_steps)
+        ...             if t == 0:
+        ...                 end.wait_slot()  # backpressure: a free slot to write
+        ...             obs[position, 0] = step
+        ...             end.request(position)  # one group: request number = position
+        ...             end.wait_response()
+        ...             if t == layout.chunk_steps - 1:
+        ...                 end.hand_over(slot)
+        ...     except ChannelClosed:  # the driver closed the transport
+        ...         pass
+        >>> transport = ThreadQueueTransport()
+        >>> end = transport.start(layout, [program])
+        >>> for _ in range(2):
+        ...     [(worker, request)] = end.wait_requests(5.0)
+        ...     observation = end.buffers[("observation",)][worker, request]
+        ...     end.buffers[("action",)][worker, request] = 10 * observation
+        ...     end.respond([worker])
+        >>> end.wait_chunks(5.0)
+        [(0, 0)]
+        >>> end.buffers[("action",)][0, :2, 0]  # slot 0: the chunk's two steps
+        array([ 0, 10])
+        >>> end.release(0, 0)
+        >>> transport.close()
+    """
 
     #: Index of this worker, 0 … num_workers - 1.
     index: int
@@ -97,9 +149,13 @@ class WorkerEnd(ABC):
         """Tell the driver this worker failed; the worker exits right after."""
 
 
-#: What a worker runs: given its end, it loops until the end raises ChannelClosed.
-#: Process transports pickle it (with cloudpickle), so it must not hold torch objects.
 WorkerProgram = Callable[[WorkerEnd], None]
+"""What a worker runs: given its end, it loops until the end raises ChannelClosed.
+
+Process transports pickle it (with cloudpickle), so it must not hold torch objects. The
+collector's programs run its worker loop; :func:`rlcollect.testing.counting_programs`
+builds some for tests, and :class:`WorkerEnd` shows a toy one.
+"""
 
 
 class RequestEnd(ABC):
@@ -108,6 +164,32 @@ class RequestEnd(ABC):
     A :class:`ServerEnd` is one; a transport may also hand its request side to a server
     in another process as a request end of its own (see
     :func:`rlcollect.transports.process_slots.open_request_end`).
+
+    Examples:
+        Answering the requests of CountingEnv workers with the action each env's own
+        observation calls for (:func:`~rlcollect.testing.counting_actions`); the rows
+        a request names come from :func:`~rlcollect.transports.layout.request_rows`:
+
+        >>> import numpy as np
+        >>> from rlcollect.testing import counting_actions, counting_layout, counting_programs
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> from rlcollect.transports.layout import request_rows
+        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> transport = ThreadQueueTransport()
+        >>> end = transport.start(layout, counting_programs(layout))
+        >>> obs = layout.request_sources(end.buffers, ("observation",))  # [rows, 4]
+        >>> action = layout.request_sources(end.buffers, ("action",))  # [rows]
+        >>> served = 0
+        >>> while served < 6:
+        ...     requests = end.wait_requests(5.0)  # [(worker, request number), ...]
+        ...     workers = np.array([worker for worker, _ in requests], dtype=np.intp)
+        ...     numbers = np.array([number for _, number in requests], dtype=np.intp)
+        ...     rows = request_rows(layout, end.buffers, workers, numbers)
+        ...     action[rows] = counting_actions(obs[rows])
+        ...     end.respond(workers.tolist())
+        ...     served += len(requests)
+        >>> end.abort()  # every wait on both ends now ends
+        >>> transport.close()
     """
 
     #: The whole ring: every array of ``RingLayout.views`` (transition fields
@@ -138,6 +220,38 @@ class ServerEnd(RequestEnd):
 
     The inference thread calls ``wait_requests``/``respond``; the consuming thread calls
     ``wait_chunks``/``release``. The two pairs must be safe to use from two threads.
+
+    Examples:
+        The consuming side: take full chunks, copy them out, give their slots back.
+        A worker whose env raises is reported here:
+
+        >>> import threading
+        >>> from rlcollect.errors import WorkerError
+        >>> from rlcollect.testing import counting_layout, counting_programs
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=2, slots=2)
+        >>> transport = ThreadQueueTransport()
+        >>> end = transport.start(layout, counting_programs(layout, fail={0: (1, 1)}))
+        >>> def serve():  # every action 0, until the transport closes
+        ...     try:
+        ...         while True:
+        ...             requests = end.wait_requests(1.0)
+        ...             end.respond([worker for worker, _ in requests])
+        ...     except Exception:
+        ...         pass
+        >>> threading.Thread(target=serve, daemon=True).start()
+        >>> rewards = []
+        >>> try:
+        ...     while True:
+        ...         for worker, slot in end.wait_chunks(5.0):
+        ...             first = slot * layout.chunk_steps
+        ...             steps = slice(first, first + layout.chunk_steps)
+        ...             rewards.append(end.buffers[("next", "reward")][worker, steps].copy())
+        ...             end.release(worker, slot)
+        ... except WorkerError as error:
+        ...     print(error.env_index, error.worker_index, error.__cause__ is not None)
+        0 0 True
+        >>> transport.close()
     """
 
     @abstractmethod
@@ -161,12 +275,51 @@ class Transport(ABC):
     Subclass it to move the doorbells or the workers somewhere else; run
     :func:`rlcollect.testing.check_transport` against the subclass to prove it keeps
     this contract. A transport instance serves one collector: ``start`` once, then
-    ``close``.
+    ``close``. A worked example of a transport of one's own: ``docs/custom-transport.md``
+    and ``examples/custom_transport.py``.
+
+    Examples:
+        A subclass of a built-in transport that reports its start, passed to a
+        collector as an instance:
+
+        >>> import functools
+        >>> import gymnasium as gym
+        >>> import torch
+        >>> from rlcollect import AsyncBatchedCollector
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> class Announcing(ThreadQueueTransport):
+        ...     def start(self, layout, programs):
+        ...         print(f"{len(programs)} workers, {layout.envs_per_worker} envs each")
+        ...         return super().start(layout, programs)
+        >>> with AsyncBatchedCollector(
+        ...     [functools.partial(gym.make, "Pendulum-v1")] * 4,
+        ...     torch.nn.Linear(3, 1),
+        ...     frames_per_batch=16,
+        ...     total_frames=16,
+        ...     transport=Announcing(),
+        ...     envs_per_worker=2,
+        ... ) as collector:
+        ...     frames = sum(batch.numel() for batch in collector)
+        2 workers, 2 envs each
+        >>> frames
+        16
     """
 
     @abstractmethod
     def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
-        """Allocate the ring for ``layout``, start worker ``i`` running ``programs[i]``."""
+        """Allocate the ring for ``layout``, start worker ``i`` running ``programs[i]``.
+
+        Args:
+            layout: the ring's shape; ``layout.num_workers == len(programs)``.
+            programs: what each worker runs, given its :class:`WorkerEnd`.
+
+        Returns:
+            The driver's end.
+
+        Raises:
+            RuntimeError: the transport was started before (one collector each).
+            ValueError: ``len(programs)`` is not ``layout.num_workers``.
+        """
 
     @abstractmethod
     def close(self) -> None:
@@ -200,6 +353,24 @@ def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailu
     An :class:`~rlcollect.errors.EnvError` is unwrapped: the failure names its env and
     describes the env's own exception, followed by what the worker was doing with the
     env (which names the sub-envs of a vector env).
+
+    Args:
+        worker_index: the worker that caught ``exc``.
+        exc: the exception that ends the worker.
+
+    Returns:
+        The failure, for :meth:`WorkerEnd.report`.
+
+    Examples:
+        >>> from rlcollect.transports.base import failure_from_exception
+        >>> try:
+        ...     raise OSError("no display")
+        ... except OSError as exc:
+        ...     failure = failure_from_exception(3, exc)
+        >>> failure.worker_index, failure.env_index, failure.exc_type, failure.message
+        (3, -1, 'OSError', 'no display')
+        >>> failure.traceback.splitlines()[0]
+        'Traceback (most recent call last):'
     """
     env_index = -1
     during = ""

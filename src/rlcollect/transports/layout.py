@@ -54,7 +54,26 @@ _ALIGN = 4096  # a page: no two fields share a cache line (no false sharing), an
 
 @dataclass(frozen=True)
 class Field:
-    """One transition field: its TensorDict key, per-env shape and dtype."""
+    """One transition field: its TensorDict key, per-env shape and dtype.
+
+    Args:
+        key: the TensorDict key as a tuple of names, e.g. ``("next", "reward")``.
+        shape: the shape of one env's value (``()`` for a scalar).
+        dtype: the numpy dtype.
+
+    Raises:
+        ValueError: the key is empty or holds an empty or non-string name.
+
+    Examples:
+        >>> import numpy as np
+        >>> from rlcollect.transports import Field
+        >>> Field(("observation", "pixels"), (84, 84), np.dtype(np.uint8)).key
+        ('observation', 'pixels')
+        >>> Field((), (), np.dtype(np.uint8))
+        Traceback (most recent call last):
+        ...
+        ValueError: field key must be a non-empty tuple of names, got ()
+    """
 
     key: Key
     shape: tuple[int, ...]
@@ -67,7 +86,21 @@ class Field:
 
 @dataclass(frozen=True)
 class Staging:
-    """Staged requests (vector envs): which fields are staged, and rows per request."""
+    """Staged requests (vector envs): which fields are staged, and rows per request.
+
+    Args:
+        keys: the fields with a staging array (observation leaves, policy outputs,
+            ``policy_version``).
+        columns: rows per request: the sub-envs a vector env returns at a time.
+
+    Raises:
+        ValueError: no keys, or ``columns`` not a positive int.
+
+    Examples:
+        >>> from rlcollect.transports.layout import Staging
+        >>> Staging((("observation",), ("action",)), columns=4).columns
+        4
+    """
 
     keys: tuple[Key, ...]
     columns: int
@@ -85,6 +118,36 @@ class RingLayout:
 
     ``groups`` is the number of requests a worker may hold at once (double buffering:
     one group of envs steps while another waits for its actions).
+
+    Args:
+        fields: every transition field (unique keys; none may start with ``"staged"``).
+        num_workers: workers sharing the ring.
+        envs_per_worker: env columns per worker (sub-envs of vector envs one by one).
+        chunk_steps: steps of each env per chunk.
+        slots: chunk slots per worker.
+        groups: requests a worker may hold at once.
+        staging: staged requests (vector envs), or None for in-place requests.
+
+    Raises:
+        ValueError: a size that is not a positive int, duplicate or reserved keys,
+            ``envs_per_worker`` not divisible into ``groups``, ``groups > 1`` with one
+            slot, or staging that names fields the ring lacks.
+
+    Examples:
+        >>> import numpy as np
+        >>> from rlcollect.transports import Field, RingLayout
+        >>> layout = RingLayout(
+        ...     (Field(("observation",), (4,), np.dtype(np.float32)),),
+        ...     num_workers=2,
+        ...     envs_per_worker=3,
+        ...     chunk_steps=8,
+        ...     slots=2,
+        ... )
+        >>> layout.positions, layout.request_columns, layout.requests_per_worker
+        (16, 3, 16)
+        >>> views = layout.views(bytearray(layout.nbytes))
+        >>> views[("observation",)].shape  # [num_workers, positions, envs, *shape]
+        (2, 16, 3, 4)
     """
 
     fields: tuple[Field, ...]
@@ -171,6 +234,22 @@ class RingLayout:
         *shape]``; staged arrays (if any) under ``("staged", *key)``,
         ``[num_workers, 2 * envs_per_worker, *shape]``, and the request index under
         ``("staged", "rows")``, ``[num_workers, groups, columns]``.
+
+        Args:
+            buffer: at least :attr:`nbytes` bytes (shared memory, an mmap, ...).
+
+        Returns:
+            The views by key; they share ``buffer``'s memory.
+
+        Raises:
+            ValueError: ``buffer`` is shorter than :attr:`nbytes`.
+
+        Examples:
+            >>> from rlcollect.testing import counting_layout
+            >>> layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=4, slots=2)
+            >>> views = layout.views(bytearray(layout.nbytes))
+            >>> views[("next", "reward")].shape, views[("next", "reward")].dtype
+            ((2, 8, 1), dtype('float32'))
         """
         flat = np.frombuffer(buffer, dtype=np.uint8)
         if flat.size < self.nbytes:
@@ -185,6 +264,23 @@ class RingLayout:
 
         Index it with :func:`request_rows`. In place that is the transition field
         itself; staged, its per-env staging array. A view, never a copy.
+
+        Args:
+            views: what :meth:`views` returned.
+            key: a transition field's key.
+
+        Returns:
+            The field seen as ``[rows, *shape]``.
+
+        Raises:
+            KeyError: no such field (or, staged, the field is not staged).
+
+        Examples:
+            >>> from rlcollect.testing import counting_layout
+            >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+            >>> views = layout.views(bytearray(layout.nbytes))
+            >>> layout.request_sources(views, ("observation",)).shape  # 2 * 8 * 3 rows
+            (48, 4)
         """
         if self.staging is not None:
             array = views[(STAGED, *key)]
@@ -200,7 +296,26 @@ def request_rows(
     requests: np.ndarray,
 ) -> np.ndarray:
     """Flat rows (into :meth:`RingLayout.request_sources`) of requests ``(workers[i],
-    requests[i])``, request by request: ``[len(workers) * request_columns]`` intp."""
+    requests[i])``, request by request: ``[len(workers) * request_columns]`` intp.
+
+    Args:
+        layout: the ring.
+        views: its arrays (staged layouts read the request index from them).
+        workers: worker of each request.
+        requests: request number of each request.
+
+    Returns:
+        The rows, ``request_columns`` per request, in request order.
+
+    Examples:
+        >>> import numpy as np
+        >>> from rlcollect.testing import counting_layout
+        >>> from rlcollect.transports.layout import request_rows
+        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> views = layout.views(bytearray(layout.nbytes))
+        >>> request_rows(layout, views, np.array([0, 1]), np.array([0, 3])).tolist()
+        [0, 1, 22, 23]
+    """
     c = layout.request_columns
     if layout.staging is not None:
         per_worker = 2 * layout.envs_per_worker  # staging cells
@@ -214,5 +329,22 @@ def request_rows(
 
 
 def worker_views(views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.ndarray]:
-    """One worker's part of the ring: every array without its leading worker dimension."""
+    """One worker's part of the ring: every array without its leading worker dimension.
+
+    Args:
+        views: what :meth:`RingLayout.views` returned.
+        worker: the worker's index.
+
+    Returns:
+        Views (not copies) by key, as a :class:`~rlcollect.transports.WorkerEnd` sees
+        its ``buffers``.
+
+    Examples:
+        >>> from rlcollect.testing import counting_layout
+        >>> from rlcollect.transports.layout import worker_views
+        >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+        >>> views = layout.views(bytearray(layout.nbytes))
+        >>> worker_views(views, 1)[("observation",)].shape
+        (8, 3, 4)
+    """
     return {key: array[worker] for key, array in views.items()}

@@ -547,6 +547,32 @@ class ProcessSlotTransport(Transport):
     :meth:`close` closes the workers' pipes, waits up to two seconds for them to exit
     and kills the rest. A transport that is garbage-collected unclosed, or still open at
     interpreter exit, kills its workers and unlinks its segment.
+
+    Pass ``transport="process_slots"`` (the default) to the collector, or an instance
+    to keep a handle on it.
+
+    Examples:
+        >>> import functools
+        >>> import os
+        >>> import gymnasium as gym
+        >>> import torch
+        >>> from rlcollect import AsyncBatchedCollector
+        >>> from rlcollect.transports import ProcessSlotTransport
+        >>> transport = ProcessSlotTransport()
+        >>> with AsyncBatchedCollector(
+        ...     [functools.partial(gym.make, "Pendulum-v1")] * 4,
+        ...     torch.nn.Linear(3, 1),
+        ...     frames_per_batch=32,
+        ...     transport=transport,
+        ...     envs_per_worker=2,
+        ... ) as collector:
+        ...     segment = f"/dev/shm/{transport.shm_name}"
+        ...     during = len(transport.pids), os.path.exists(segment)
+        ...     batch = next(collector)
+        >>> during  # two worker processes, one shared-memory segment
+        (2, True)
+        >>> [code is not None for code in transport.exit_codes], os.path.exists(segment)
+        ([True, True], False)
     """
 
     def __init__(self) -> None:

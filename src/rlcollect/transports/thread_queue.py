@@ -177,6 +177,26 @@ class ThreadQueueTransport(Transport):
     A thread cannot be killed: :meth:`close` wakes every worker and waits up to two
     seconds for each, so an env stuck inside a native call outlives the collector as
     an idle daemon thread. Use :class:`ProcessSlotTransport` where that matters.
+
+    Pass ``transport="thread"`` to the collector, or an instance to keep a handle on it.
+
+    Examples:
+        >>> import functools
+        >>> import gymnasium as gym
+        >>> import torch
+        >>> from rlcollect import AsyncBatchedCollector
+        >>> from rlcollect.transports import ThreadQueueTransport
+        >>> transport = ThreadQueueTransport()
+        >>> with AsyncBatchedCollector(
+        ...     [functools.partial(gym.make, "Pendulum-v1")] * 2,
+        ...     torch.nn.Linear(3, 1),
+        ...     frames_per_batch=16,
+        ...     transport=transport,
+        ... ) as collector:
+        ...     running = transport.alive
+        ...     batch = next(collector)
+        >>> running, transport.alive  # the worker threads end with the collector
+        ([True, True], [False, False])
     """
 
     supports_restart = True
