@@ -43,6 +43,7 @@ NOT_EXPORTED = {
         "check_worker_error",
         "check_abort",
         "check_close_unblocks_workers",
+        "check_restart",
     },
 }
 

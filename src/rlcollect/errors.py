@@ -154,7 +154,17 @@ class WorkerError(CollectorError):
 
 class WorkerRestartWarning(RuntimeWarning):
     """A crashed worker was restarted (``max_worker_restarts``); the message names the
-    worker, its envs, the cause and how many restarts the collector has made."""
+    worker, its envs, the cause and how many restarts the collector has made.
+
+    Examples:
+        >>> import warnings
+        >>> from rlcollect.errors import WorkerRestartWarning
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warnings.warn("worker 1 (envs [1]) restarted", WorkerRestartWarning)
+        >>> issubclass(caught[0].category, RuntimeWarning)
+        True
+    """
 
 
 class InferenceError(CollectorError):
