@@ -14,7 +14,7 @@ import torch
 from envs import CrashOnce, counting_vector
 from helpers import CountingPolicy, check_clean, counting_envs, process_gone, streams, wait_until
 
-from rlcollect import AsyncBatchedCollector, WorkerError
+from rlcollect import AsyncBatchedCollector, CollectorError, WorkerError
 from rlcollect.errors import WorkerRestartWarning
 from rlcollect.testing import EPISODE, LAST_ACTION, STEP, CountingEnv, episode_length
 from rlcollect.transports import Transport
@@ -190,6 +190,9 @@ def test_restarts_are_refused_where_they_cannot_work():
 
     with pytest.raises(ValueError, match="cannot restart workers"):
         make(NoRestarts(), counting_envs(2), max_worker_restarts=1)
+    # Called directly, the base class's restart_worker refuses by name.
+    with pytest.raises(CollectorError, match=r"NoRestarts cannot restart workers .* worker 0"):
+        NoRestarts().restart_worker(0, lambda end: None)
     with pytest.raises(ValueError, match="max_worker_restarts needs plain envs"):
         make("thread", [functools.partial(counting_vector, 0, 2)], max_worker_restarts=1)
     with pytest.raises(ValueError, match="max_worker_restarts must be an int >= 0, got -1"):

@@ -48,7 +48,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from rlcollect.errors import EnvError, WorkerFailure
+from rlcollect.errors import CollectorError, EnvError, WorkerFailure
 from rlcollect.transports.layout import Key, RingLayout
 
 __all__ = [
@@ -340,11 +340,18 @@ class Transport(ABC):
         for the old one's requests. Transports that implement it set
         :attr:`supports_restart`.
 
+        By default a transport cannot restart workers: the collector then refuses
+        ``max_worker_restarts`` at construction, so this is never reached from it.
+
         Raises:
-            NotImplementedError: the transport cannot restart workers.
+            CollectorError: the transport cannot restart workers (``supports_restart``
+                is False).
             RuntimeError: the transport is not running.
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot restart workers")
+        raise CollectorError(
+            f"{type(self).__name__} cannot restart workers (its supports_restart is False): "
+            f"worker {worker} stays failed; use max_worker_restarts=0 with this transport"
+        )
 
 
 def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailure:
