@@ -69,6 +69,9 @@ def environment(peers_path: str | None) -> dict[str, Any]:
     if peers_path:
         versions["torchrl (peers)"] = _version("torchrl", [peers_path])
         versions["tensordict (peers)"] = _version("tensordict", [peers_path])
+    # A copied working tree (as on a remote benchmark machine) may carry a stale .git;
+    # the caller can then name the revision it copied.
+    commit = os.environ.get("RLCOLLECT_BENCH_COMMIT") or _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -82,6 +85,6 @@ def environment(peers_path: str | None) -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "gpu": _gpu(),
         "versions": versions,
-        "git_commit": _git("rev-parse", "HEAD"),
+        "git_commit": commit,
         "git_dirty": bool(status) if status is not None else None,
     }
