@@ -179,8 +179,14 @@ def run_series(
     out_dir: Path,
     peers_path: str | None,
     deadline: float | None,
+    resume: Path | None = None,
 ) -> Path:
-    """Measure ``series`` and write ``out_dir / <name>.json``; returns its path."""
+    """Measure ``series`` and write ``out_dir / <name>.json``; returns its path.
+
+    With ``resume`` (an earlier, incomplete JSON of the same series), the runs it holds
+    are kept and only the missing repeats are measured, in the same interleaved order;
+    its environment stays the record's and this call's is added under ``resumed``.
+    """
     skipped: dict[str, str] = {}
     configs = dict(series.runs)
     if any(c["kind"] == "torchrl" for c in configs.values()):
@@ -191,12 +197,25 @@ def run_series(
                 del configs[name]
     env = environment(peers_path)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    resumed: list[dict[str, Any]] = []
+    seconds_before = 0.0
+    if resume is not None:
+        earlier = json.loads(resume.read_text())
+        same = earlier["configs"] == json.loads(json.dumps(configs))  # tuples read as lists
+        if earlier["series"] != series.name or not same:
+            raise ValueError(f"{resume} holds another series or configuration than {series.name}")
+        runs = {name: list(earlier["runs"].get(name, [])) for name in configs}
+        resumed = [*earlier.get("resumed", []), env]
+        env = earlier["environment"]
+        seconds_before = earlier["seconds"]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{series.name}.json"
     started = time.time()
     complete = True
     for rep in range(repeats):
         for name, config in configs.items():
+            if len(runs[name]) > rep:
+                continue  # measured by the call this one resumes
             if deadline is not None and time.monotonic() > deadline:
                 complete = False
                 break
@@ -215,8 +234,9 @@ def run_series(
             "title": series.title,
             "notes": list(series.notes),
             "environment": env,
+            "resumed": resumed,
             "loadavg_at_end": list(os.getloadavg()),
-            "seconds": time.time() - started,
+            "seconds": seconds_before + time.time() - started,
             "repeats": repeats,
             "complete": complete and rep == repeats - 1,
             "configs": configs,
