@@ -71,8 +71,9 @@ def environment(peers_path: str | None) -> dict[str, Any]:
         versions["tensordict (peers)"] = _version("tensordict", [peers_path])
     # A copied working tree (as on a remote benchmark machine) may carry a stale .git;
     # the caller can then name the revision it copied.
-    commit = os.environ.get("RLCOLLECT_BENCH_COMMIT") or _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    named = os.environ.get("RLCOLLECT_BENCH_COMMIT")
+    commit = named or _git("rev-parse", "HEAD")
+    status = None if named else _git("status", "--porcelain", "--untracked-files=no")
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "python": platform.python_version(),

@@ -6,7 +6,8 @@ configuration is recorded in the JSON as given here.
 
 Sizes per machine (:class:`Machine`): the CPU suite fits a 2-core development machine in
 under 15 minutes; the GPU suite assumes a CUDA device and about 16 cores, and each of
-its parts (``GPU_PARTS``) fits one 9-minute device call.
+its parts (``GPU_PARTS``) fits one 9-minute device call, or continues in another with
+``--resume``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ QUICK = replace(
     replay_capacity=512,
     quick=True,
 )
-# The GPU suite in device calls of under 9 minutes each (about 6, 5 and 7 minutes).
+# The GPU suite in device calls of under 9 minutes each: part 1 took 8 minutes on the H200,
+# part 2 about 5; part 3 about 17 (256 worker processes start slowly), so it takes two
+# calls, `--part 3` and then `--part 3 --resume`, each stopping at the deadline.
 GPU_PARTS = {"1": ("peers",), "2": ("pixels", "async_training"), "3": ("dqn_loop",)}
 LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
 ASYNC_WINDOW = 1.5  # the async-training runs measure longer: few frames per second

@@ -22,8 +22,9 @@ X, DASH = "\u00d7", "\u2013"  # the multiplication sign and the en dash, for the
 PUBLISHED_CHUNK_MS = (0.226, 0.037)  # TorchRL AsyncBatchedCollector, chunk 1 -> 64
 PUBLISHED_ASYNC_FPS = {2: 85.2, 16: 53.1}  # DreamerV3 async, 8 envs, inference batch 1
 COMMANDS = {
-    "cpu": "make bench",  # = python -m benchmarks cpu && python -m benchmarks report
-    "gpu": "python -m benchmarks gpu --part 1|2|3 --peers-path .peers",
+    "cpu": "`make bench`",  # = python -m benchmarks cpu && python -m benchmarks report
+    "gpu": "`python -m benchmarks gpu --part 1|2|3 --peers-path .peers`, one device call "
+    "per part (`--resume` continues a part cut short by its deadline)",
 }
 
 
@@ -75,6 +76,13 @@ def _when(doc: dict[str, Any]) -> str:
     )
     shares = sorted(r["other_cpu_share"] for rs in doc["runs"].values() for r in rs
                     if "other_cpu_share" in r)  # fmt: skip
+    for later in doc.get("resumed", []):
+        text += (
+            f" *Resumed {later['date']} (code {(later.get('git_commit') or 'unknown')[:10]}) "
+            "for the repeats the first call lacked, on a machine that may have been "
+            "another of its kind: compare the ratios, which pair runs of one call, more "
+            "than absolute figures across repeats.*"
+        )
     if shares and shares[len(shares) // 2] > SHARED:
         text += (
             f'\n\n!!! warning "Shared machine"\n    Other work on this machine took '
@@ -325,7 +333,7 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
     where = env["gpu"]["name"] if env.get("gpu") else f"{env['cpus']} CPUs"
     out = [f"## {label}: {where}, {env['date'].split()[0]}", ""]
     out += [
-        f"Command: `{COMMANDS[suite]}`. Every figure is the median over fresh-process "
+        f"Command: {COMMANDS[suite]}. Every figure is the median over fresh-process "
         "repeats, with the run range (lowest to highest repeat).",
         "",
         _machine(first),
