@@ -5,7 +5,7 @@
     python -m benchmarks cpu                  # the CPU suite (about 14 minutes on 2 cores)
     python -m benchmarks cpu --quick          # every series, tiny budgets, one repeat
     python -m benchmarks gpu --part 1 --peers-path .peers --out DIR   # one device call
-    python -m benchmarks gpu --part 3 --resume --out DIR   # the repeats a cut-short call lacks
+    python -m benchmarks gpu --part 3 --resume benchmarks/results/suite_gpu --out DIR  # the rest
     python -m benchmarks report               # docs/results.md and its plots from the JSON
 
 Results go to ``benchmarks/results/suite_<suite>/<series>.json`` (``--quick`` writes to
@@ -73,7 +73,7 @@ def _suite(args: argparse.Namespace) -> None:
             out_dir=out,
             peers_path=peers or None,
             deadline=deadline,
-            resume=(default_out / f"{name}.json") if args.resume else None,
+            resume=(Path(args.resume) / f"{name}.json") if args.resume else None,
         )
         print(f"wrote {path}", flush=True)
     print(f"suite done in {time.monotonic() - started:.0f} s", flush=True)
@@ -110,9 +110,10 @@ def main() -> None:
         )
         p.add_argument(
             "--resume",
-            action="store_true",
-            help="keep the runs of each series' JSON under benchmarks/results and measure "
-            "only the repeats it lacks (a series cut short by the deadline)",
+            metavar="DIR",
+            help="keep the runs of each series' JSON in DIR (e.g. benchmarks/results/"
+            "suite_gpu) and measure only the repeats it lacks (a series cut short by the "
+            "deadline)",
         )
     report = sub.add_parser("report", help="write docs/results.md and its plots from the JSON")
     report.add_argument("--results", default=str(RESULTS), help="directory of suite_* folders")

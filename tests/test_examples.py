@@ -94,6 +94,23 @@ def test_benchmark_suite_quick(tmp_path):
     assert (docs / "results" / "headline.png").stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_benchmark_suite_resume_measures_only_the_missing_repeats(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = ("-m", "benchmarks", "cpu", "--quick", "--series", "dqn_loop", "--peers-path", "")
+    run(*args, "--repeats", "1", "--out", str(first), timeout=300)
+    run(*args, "--repeats", "2", "--resume", str(first), "--out", str(second), timeout=300)
+    before = json.loads((first / "dqn_loop.json").read_text())
+    after = json.loads((second / "dqn_loop.json").read_text())
+    assert after["complete"] and len(after["resumed"]) == 1
+    assert after["environment"] == before["environment"]
+    for name, results in after["runs"].items():
+        assert len(results) == 2, name
+        assert results[0] == before["runs"][name][0], name  # kept, not measured again
+    for ratio in after["ratios"].values():
+        assert len(ratio["per_repeat"]) == 2
+
+
 def check_dqn_summary(result, *, steps, learning_starts, batch_size, train_ratio, batch_rows):
     """What both DQN examples promise in their JSON: the budget met exactly, the learner
     kept to the train ratio by the collector, episodes logged in step order."""

@@ -72,7 +72,7 @@ QUICK = replace(
 )
 # The GPU suite in device calls of under 9 minutes each: part 1 took 8 minutes on the H200,
 # part 2 about 5; part 3 about 17 (256 worker processes start slowly), so it takes two
-# calls, `--part 3` and then `--part 3 --resume`, each stopping at the deadline.
+# calls, `--part 3` and then `--part 3 --resume DIR`, each stopping at the deadline.
 GPU_PARTS = {"1": ("peers",), "2": ("pixels", "async_training"), "3": ("dqn_loop",)}
 LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
 ASYNC_WINDOW = 1.5  # the async-training runs measure longer: few frames per second
