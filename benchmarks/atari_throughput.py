@@ -334,23 +334,6 @@ def main() -> None:
 
     names = series_names(splits, not args.no_process, args.double_buffer)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for rep in range(args.repeats):
-        for name in names:
-            print(f"repeat {rep + 1}/{args.repeats}: {name}", flush=True)
-            w = split_of(name)
-            if name.startswith("env_only"):
-                result = env_only(args, w)
-            elif name.startswith("hand_loop"):
-                result = hand_loop(args, device, w)
-            elif name == DOUBLE_BUFFER:
-                result = collector(args, device, "thread", 2, one_worker=True)
-            else:
-                transport = "process_slots" if "process_slots" in name else "thread"
-                result = collector(args, device, transport, w, one_worker=False)
-            runs[name].append(result)
-            print(f"  {result['fps']:,.0f} frames/s", flush=True)
-
-    summary = summarize(runs)
     config = {
         "game": "pong",
         "frame": [4, *FRAME],
@@ -366,8 +349,42 @@ def main() -> None:
         "cuda_graph": device.type == "cuda",
         "policy": "Nature CNN (84x84x4), Gumbel-max sampling",
     }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for rep in range(args.repeats):
+        for name in names:
+            print(f"repeat {rep + 1}/{args.repeats}: {name}", flush=True)
+            w = split_of(name)
+            if name.startswith("env_only"):
+                result = env_only(args, w)
+            elif name.startswith("hand_loop"):
+                result = hand_loop(args, device, w)
+            elif name == DOUBLE_BUFFER:
+                result = collector(args, device, "thread", 2, one_worker=True)
+            else:
+                transport = "process_slots" if "process_slots" in name else "thread"
+                result = collector(args, device, transport, w, one_worker=False)
+            runs[name].append(result)
+            print(f"  {result['fps']:,.0f} frames/s", flush=True)
+        # After every repeat: a run stopped short (a time limit) keeps what it measured.
+        summary = write(out, config, runs, device, repeats_done=rep + 1)
+    print()
+    print(table(summary))
+    drawn = plot(summary, config, out / "atari_throughput.png")
+    print(f"\nwritten to {out / 'atari_throughput.json'}" + (" and .png" if drawn else ""))
+
+
+def write(
+    out: Path,
+    config: dict[str, Any],
+    runs: dict[str, list[dict[str, Any]]],
+    device: torch.device,
+    repeats_done: int,
+) -> dict[str, dict[str, Any]]:
+    """Write ``out``/atari_throughput.json with the repeats so far; returns the summary."""
     import ale_py
 
+    summary = summarize(runs)
     result = {
         "benchmark": "atari_throughput",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -383,16 +400,12 @@ def main() -> None:
             "load_average_at_end": os.getloadavg(),
         },
         "config": config,
+        "repeats_done": repeats_done,
         "runs": runs,
         "summary": summary,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "atari_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
-    print()
-    print(table(summary))
-    drawn = plot(summary, config, out / "atari_throughput.png")
-    print(f"\nwritten to {out / 'atari_throughput.json'}" + (" and .png" if drawn else ""))
+    return summary
 
 
 if __name__ == "__main__":

@@ -164,9 +164,12 @@ class DeviceStep(ActionStep):
         self._index_np = self._index_pin.numpy()
         self._index_dev = torch.empty(cap, dtype=torch.int64, device=device)
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        # The last event is the one waited on: blocking, so the server thread sleeps
+        # until the GPU is done instead of spinning on a core that the env workers
+        # (and, in-process, their C++ threads) need.
         self._events = [
-            torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            for _ in range(4)
+            torch.cuda.Event(enable_timing=True, blocking=i == 3)  # type: ignore[no-untyped-call]
+            for i in range(4)
         ]
         self._pad = compile_options is not None or cuda_graph
 
