@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,38 +66,23 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     from benchmarks.common import ENVS
     from benchmarks.policies import policy_for
     from benchmarks.suite.acting import acting_policy
-    from benchmarks.suite.measure import measure
+    from benchmarks.suite.measure import measure_collector
     from rlcollect import AsyncBatchedCollector
 
     env = config["env"]
     policy = policy_for("cartpole") if env == "cartpole" else acting_policy("small_cnn")
-    held: dict[str, AsyncBatchedCollector] = {}
-
-    def batches() -> Iterator[int]:
-        with AsyncBatchedCollector(
+    return measure_collector(
+        lambda: AsyncBatchedCollector(
             [ENVS[env]] * config["num_envs"],
             policy,
             total_frames=-1,
             policy_device="cpu",
             seed=0,
             **{name: config[name] for name in _ARGS},
-        ) as collector:
-            held["collector"] = collector
-            for batch in collector:
-                yield batch.numel()
-
-    steps = batches()
-    try:
-        result = measure(steps, config["warmup_s"], config["measure_s"])
-        collector = held["collector"]
-        server = collector.stats().get("server", {})
-        result["transition_chunk_size"] = collector.transition_chunk_size
-    finally:
-        steps.close()  # leaves the with block: the collector shuts down
-    for key in ("mean_batch_size", "request_latency_p50", "request_latency_p95"):
-        result[key] = server.get(key)
-    result["server_phase_seconds"] = server.get("phase_seconds")
-    return result
+        ),
+        config["warmup_s"],
+        config["measure_s"],
+    )
 
 
 def _point(**changes: Any) -> dict[str, Any]:

@@ -12,8 +12,11 @@ iterating thread alone.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlcollect import AsyncBatchedCollector
 
 
 def measure(steps: Iterator[int], warmup_s: float, measure_s: float) -> dict[str, Any]:
@@ -59,3 +62,36 @@ def measure(steps: Iterator[int], warmup_s: float, measure_s: float) -> dict[str
         "seconds": wall,
         "startup_seconds": startup,
     }
+
+
+def measure_collector(
+    build: Callable[[], AsyncBatchedCollector], warmup_s: float, measure_s: float
+) -> dict[str, Any]:
+    """:func:`measure` over the batches of the collector ``build()`` returns, plus what its
+    ``stats()`` say about the server (read before it shuts down).
+
+    Returns:
+        :func:`measure`'s result with ``transition_chunk_size``, ``mean_batch_size``,
+        ``request_latency_p50``/``_p95``, ``server_phase_seconds`` and
+        ``gathers_on_device``.
+    """
+    held: list[AsyncBatchedCollector] = []
+
+    def batches() -> Iterator[int]:
+        with build() as collector:
+            held.append(collector)
+            for batch in collector:
+                yield batch.numel()
+
+    steps = batches()
+    try:
+        result = measure(steps, warmup_s, measure_s)
+        server = held[0].stats().get("server", {})
+        result["transition_chunk_size"] = held[0].transition_chunk_size
+    finally:
+        steps.close()  # leaves the with block: the collector shuts down
+    for key in ("mean_batch_size", "request_latency_p50", "request_latency_p95"):
+        result[key] = server.get(key)
+    result["server_phase_seconds"] = server.get("phase_seconds")
+    result["gathers_on_device"] = server.get("gathers_on_device")
+    return result

@@ -7,12 +7,11 @@ One run is one configuration in a fresh process: ``AsyncBatchedCollector`` over
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.common import make_pong
 from benchmarks.suite.acting import acting_policy
-from benchmarks.suite.measure import measure
+from benchmarks.suite.measure import measure_collector
 from rlcollect import AsyncBatchedCollector
 from rlcollect.envspeed import env_throughput
 
@@ -32,31 +31,15 @@ def _collector_kwargs(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_rlcollect(config: dict[str, Any]) -> dict[str, Any]:
-    held: dict[str, AsyncBatchedCollector] = {}
-
-    def batches() -> Iterator[int]:
-        with AsyncBatchedCollector(
+    return measure_collector(
+        lambda: AsyncBatchedCollector(
             [make_pong] * config["num_envs"],
             acting_policy(config["policy"]),
             **_collector_kwargs(config),
-        ) as collector:
-            held["collector"] = collector
-            for batch in collector:
-                yield batch.numel()
-
-    steps = batches()
-    try:
-        result = measure(steps, config["warmup_s"], config["measure_s"])
-        collector = held["collector"]
-        server = collector.stats().get("server", {})
-        result["transition_chunk_size"] = collector.transition_chunk_size
-    finally:
-        steps.close()  # leaves the with block: the collector shuts down
-    for key in ("mean_batch_size", "request_latency_p50", "request_latency_p95"):
-        result[key] = server.get(key)
-    result["server_phase_seconds"] = server.get("phase_seconds")
-    result["gathers_on_device"] = server.get("gathers_on_device")
-    return result
+        ),
+        config["warmup_s"],
+        config["measure_s"],
+    )
 
 
 def run_env_only(config: dict[str, Any]) -> dict[str, Any]:
