@@ -36,8 +36,6 @@ import argparse
 import functools
 import json
 import multiprocessing
-import os
-import platform
 import re
 import statistics
 import sys
@@ -46,12 +44,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import make_atari_vector, step_vector_env_randomly
+from common import machine, make_atari_vector, step_vector_env_randomly
 from policies import NatureCNN
 
 from rlcollect import AsyncBatchedCollector
@@ -382,23 +379,12 @@ def write(
     repeats_done: int,
 ) -> dict[str, dict[str, Any]]:
     """Write ``out``/atari_throughput.json with the repeats so far; returns the summary."""
-    import ale_py
 
     summary = summarize(runs)
     result = {
         "benchmark": "atari_throughput",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "ale_py": ale_py.__version__,
-            "gymnasium": gym.__version__,
-            "numpy": np.__version__,
-            "load_average_at_end": os.getloadavg(),
-        },
+        "machine": machine(),
         "config": config,
         "repeats_done": repeats_done,
         "runs": runs,

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,7 +32,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ENVS
+from common import ENVS, machine
 from policies import policy_for
 
 from rlcollect import AsyncBatchedCollector, ReplayBuffer
@@ -141,12 +139,7 @@ def main() -> None:
     result = {
         "benchmark": "background_training",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-        },
+        "machine": machine(),
         "config": {
             "num_envs": args.num_envs,
             "frames": FRAMES,

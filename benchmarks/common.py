@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import time
+from importlib import metadata
 from typing import Any
 
 import gymnasium as gym
@@ -79,3 +82,25 @@ def step_vector_env_randomly(
         steps.value = calls
     finally:
         env.close()
+
+
+def machine() -> dict[str, Any]:
+    """The machine and package versions a standalone benchmark records beside its results
+    (imports torch here only: worker processes import this module for its env factories)."""
+    import torch
+
+    versions = {}
+    for name in ("torch", "numpy", "gymnasium", "ale-py", "tensordict"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+        "versions": versions,
+        "load_average": os.getloadavg(),
+    }

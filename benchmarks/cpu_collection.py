@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -32,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ENVS
+from common import ENVS, machine
 from policies import policy_for
 
 from rlcollect import AsyncBatchedCollector
@@ -166,15 +163,7 @@ def main() -> None:
     result = {
         "benchmark": "cpu_collection",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "gymnasium": gym.__version__,
-            "numpy": np.__version__,
-        },
+        "machine": machine(),
         "config": {
             "num_envs": n,
             "repeats": args.repeats,

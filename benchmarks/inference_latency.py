@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
-import platform
 import statistics
 import sys
 import time
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import make_pong
+from common import machine, make_pong
 from policies import NatureCNN
 
 from rlcollect import AsyncBatchedCollector
@@ -232,12 +231,7 @@ def main() -> None:
     result = {
         "benchmark": "inference_latency",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {
-            "gpu": torch.cuda.get_device_name(),
-            "cpus": __import__("os").cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-        },
+        "machine": machine(),
         "config": {
             "obs_shape": SHAPE,
             "network": "Nature CNN + Gumbel-max sampling",

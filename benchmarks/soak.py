@@ -19,7 +19,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -30,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from background_training import BATCH, q_network
-from common import ENVS
+from common import ENVS, machine
 from policies import policy_for
 
 from rlcollect import AsyncBatchedCollector, ReplayBuffer
@@ -160,7 +159,7 @@ def main() -> None:
     result = {
         "benchmark": "soak",
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "config": {k: str(v) for k, v in vars(args).items()},
         "seconds": seconds,
         "frames": final.get("frames"),

@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ENVS
+from common import ENVS, machine
 from policies import policy_for
 
 from rlcollect import AsyncBatchedCollector
@@ -108,13 +104,7 @@ def main() -> None:
     result = {
         "benchmark": "worker_splits",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "load_average_at_end": os.getloadavg(),
-        },
+        "machine": machine(),
         "config": {
             "num_envs": n,
             "repeats": args.repeats,
