@@ -42,7 +42,7 @@ from rlcollect import AsyncBatchedCollector
 from rlcollect.envspeed import env_throughput
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import DeviceStep
-from rlcollect.transports.layout import Field
+from rlcollect.transports import Field
 
 SHAPE = (4, 105, 80)
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -62,7 +62,7 @@ def policy() -> NatureCNN:
 
 def server_latency(mode: str, iters: int) -> dict[int, float]:
     compile_options, graph, register = MODES[mode]
-    runner = PolicyRunner(policy().cuda(), torch.device("cuda"), ((),))
+    runner = PolicyRunner(policy().cuda(), device=torch.device("cuda"), observation_paths=((),))
     obs = {(): Field(("observation",), SHAPE, np.dtype(np.uint8))}
     outputs = {
         ("action",): Field(("action",), (), np.dtype(np.int64)),

@@ -51,10 +51,16 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
+from rlcollect.errors import ChannelClosed, CollectorError, WorkerError, WorkerFailure
 from rlcollect.testing import CHECKS, check_transport
-from rlcollect.transports import RingLayout, ServerEnd, Transport, WorkerEnd, WorkerProgram
-from rlcollect.transports.base import failure_from_exception
+from rlcollect.transports import (
+    RingLayout,
+    ServerEnd,
+    Transport,
+    WorkerEnd,
+    WorkerProgram,
+    failure_from_exception,
+)
 
 _GO, _STOP = "go", "stop"  # the driver's two messages to a worker
 _JOIN_TIMEOUT = 2.0  # seconds close() gives workers to exit before it kills them
@@ -271,7 +277,7 @@ class PipeTransport(Transport):
 
     def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
         if self._started:
-            raise RuntimeError("a PipeTransport serves one collector; create a new one")
+            raise CollectorError("a PipeTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
         self._started = True

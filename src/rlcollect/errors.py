@@ -3,6 +3,24 @@
 Every failure that reaches the caller is a :class:`CollectorError`. A failure that
 happened somewhere else (a worker process, the inference thread) carries the remote
 traceback as its ``__cause__``, in the manner of ``concurrent.futures``.
+
+Which exception types rlcollect raises, by one rule:
+
+* Something failed while running (an env, a worker, the policy, the inference server):
+  :class:`WorkerError` or :class:`InferenceError` (:class:`CollectorError` itself where
+  no collector is involved: an env failing in ``rlcollect.envspeed.env_throughput``).
+* An object used in the wrong state (a transport started twice or restarted once
+  closed, a replay buffer given two writers, a collector iterated after shutdown or
+  while it collects in the background): :class:`CollectorError` itself. It subclasses
+  ``RuntimeError``, so ``except RuntimeError`` still catches it.
+* A bad argument, found by looking at the argument alone (a size that is not a
+  positive int, an unpicklable env factory, weights with missing keys or another
+  shape): the standard ``TypeError``, ``ValueError`` or ``KeyError``, whose message
+  names the argument and what is wrong with it; nothing has changed when it is raised.
+
+Two exceptions to the rule, by design: :class:`ChannelClosed` is a transport's internal
+signal to its workers and never reaches a collector's caller, and the conformance
+checks of :mod:`rlcollect.testing` fail with ``AssertionError``, as test code does.
 """
 
 from __future__ import annotations
@@ -24,12 +42,14 @@ __all__ = [
 class CollectorError(RuntimeError):
     """Base class of every error rlcollect raises while collecting.
 
-    Raised as itself for misuse of a collector's life cycle (iterating or pushing
-    weights after shutdown, iterating while paused or collecting in the background,
-    a pause that is not reached in time); its subclasses
-    :class:`WorkerError` and :class:`InferenceError` say where a failure happened.
-    Arguments that are wrong from the start are ``TypeError`` or ``ValueError`` at
-    construction instead.
+    Raised as itself for an object used in the wrong state: a collector iterated or
+    given weights after shutdown, iterated while paused or collecting in the
+    background, a pause that is not reached in time; a transport started twice, or
+    restarting a worker when it is not running; a :class:`~rlcollect.ReplayBuffer`
+    written from two threads at once. Its subclasses :class:`WorkerError` and
+    :class:`InferenceError` say where a failure happened. Arguments that are wrong from
+    the start are ``TypeError``, ``ValueError`` or ``KeyError`` instead (see the rule in
+    this module's documentation).
 
     Examples:
         >>> from rlcollect.errors import CollectorError, InferenceError, WorkerError
@@ -63,7 +83,7 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.tb}"""'
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerFailure:
     """What a worker reports when it fails; plain strings so it crosses any process boundary.
 
@@ -81,7 +101,13 @@ class WorkerFailure:
 
     Examples:
         >>> from rlcollect.errors import WorkerFailure
-        >>> failure = WorkerFailure(0, 3, "ValueError", "bad action", "Traceback ...")
+        >>> failure = WorkerFailure(
+        ...     worker_index=0,
+        ...     env_index=3,
+        ...     exc_type="ValueError",
+        ...     message="bad action",
+        ...     traceback="Traceback ...",
+        ... )
         >>> failure.env_index, failure.exc_type
         (3, 'ValueError')
     """
@@ -110,7 +136,13 @@ class WorkerError(CollectorError):
         from a live collector):
 
         >>> from rlcollect.errors import WorkerError, WorkerFailure
-        >>> failure = WorkerFailure(1, 3, "ValueError", "bad action", "Traceback ...")
+        >>> failure = WorkerFailure(
+        ...     worker_index=1,
+        ...     env_index=3,
+        ...     exc_type="ValueError",
+        ...     message="bad action",
+        ...     traceback="Traceback ...",
+        ... )
         >>> error = WorkerError.from_failure(failure)
         >>> print(error)
         env 3 (worker 1) raised ValueError: bad action
@@ -136,7 +168,13 @@ class WorkerError(CollectorError):
 
         Examples:
             >>> from rlcollect.errors import WorkerError, WorkerFailure
-            >>> failure = WorkerFailure(2, -1, "EOFError", "pipe closed", "")
+            >>> failure = WorkerFailure(
+            ...     worker_index=2,
+            ...     env_index=-1,
+            ...     exc_type="EOFError",
+            ...     message="pipe closed",
+            ...     traceback="",
+            ... )
             >>> print(WorkerError.from_failure(failure))
             worker 2 raised EOFError: pipe closed
         """
@@ -238,7 +276,7 @@ class EnvError(Exception):
 
     Examples:
         >>> from rlcollect.errors import EnvError
-        >>> from rlcollect.transports.base import failure_from_exception
+        >>> from rlcollect.transports import failure_from_exception
         >>> try:
         ...     try:
         ...         raise ValueError("bad action")

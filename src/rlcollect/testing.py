@@ -302,11 +302,11 @@ _DEADLINE = 10.0  # seconds any single step of a check may take before it counts
 
 
 def counting_layout(
+    *,
     num_workers: int,
     envs_per_worker: int,
     chunk_steps: int,
     slots: int,
-    *,
     groups: int = 1,
     vector_batch: int = 0,
 ) -> RingLayout:
@@ -342,14 +342,20 @@ def counting_layout(
     fields = transition_fields((obs,), action)
     staging = None
     if vector_batch:
-        staging = Staging((obs.key, action.key, ("policy_version",)), vector_batch)
+        staging = Staging(keys=(obs.key, action.key, ("policy_version",)), columns=vector_batch)
     return RingLayout(
-        fields, num_workers, envs_per_worker, chunk_steps, slots, groups=groups, staging=staging
+        fields=fields,
+        num_workers=num_workers,
+        envs_per_worker=envs_per_worker,
+        chunk_steps=chunk_steps,
+        slots=slots,
+        groups=groups,
+        staging=staging,
     )
 
 
 def counting_programs(
-    layout: RingLayout, fail: dict[int, tuple[int, int]] | None = None
+    layout: RingLayout, *, fail: dict[int, tuple[int, int]] | None = None
 ) -> list[Any]:
     """Worker programs for ``layout``; ``fail`` maps env index to CountingEnv's ``fail_at``.
 
@@ -506,13 +512,13 @@ def _round_trip(make_transport: Callable[[], Transport], layout: RingLayout, wan
             assert same or new, f"env {i} stream jumps from {a.tolist()} to {b.tolist()}"
 
 
-def check_round_trip(make_transport: Callable[[], Transport]) -> None:
+def _check_round_trip(make_transport: Callable[[], Transport]) -> None:
     """One request per worker at a time: streams whole, actions routed, slots in order."""
     layout = counting_layout(num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
     _round_trip(make_transport, layout, want=30)
 
 
-def check_double_buffered_round_trip(make_transport: Callable[[], Transport]) -> None:
+def _check_double_buffered_round_trip(make_transport: Callable[[], Transport]) -> None:
     """Two requests per worker outstanding (two groups of envs): the same guarantees.
 
     The transport must deliver a worker's requests in the order it made them and one
@@ -522,7 +528,7 @@ def check_double_buffered_round_trip(make_transport: Callable[[], Transport]) ->
     _round_trip(make_transport, layout, want=30)
 
 
-def check_staged_round_trip(make_transport: Callable[[], Transport]) -> None:
+def _check_staged_round_trip(make_transport: Callable[[], Transport]) -> None:
     """Vector envs returning arbitrary subsets of sub-envs (staged requests, two vector
     envs per worker): every env's stream is still whole, in order and routed."""
     layout = counting_layout(
@@ -531,7 +537,7 @@ def check_staged_round_trip(make_transport: Callable[[], Transport]) -> None:
     _round_trip(make_transport, layout, want=30)
 
 
-def check_backpressure(make_transport: Callable[[], Transport]) -> None:
+def _check_backpressure(make_transport: Callable[[], Transport]) -> None:
     """A worker stops after filling every slot, and resumes once per released slot."""
     layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=3, slots=2)
     transport = make_transport()
@@ -550,7 +556,7 @@ def check_backpressure(make_transport: Callable[[], Transport]) -> None:
         responder.stop()
 
 
-def check_worker_error(make_transport: Callable[[], Transport]) -> None:
+def _check_worker_error(make_transport: Callable[[], Transport]) -> None:
     """An env raising reaches wait_chunks as a WorkerError naming the env."""
     layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=2, slots=2)
     transport = make_transport()
@@ -573,7 +579,7 @@ def check_worker_error(make_transport: Callable[[], Transport]) -> None:
         responder.stop()
 
 
-def check_abort(make_transport: Callable[[], Transport]) -> None:
+def _check_abort(make_transport: Callable[[], Transport]) -> None:
     """abort() ends both driver waits promptly, and close() twice is harmless."""
     layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
     transport = make_transport()
@@ -595,7 +601,7 @@ def check_abort(make_transport: Callable[[], Transport]) -> None:
         transport.close()
 
 
-def check_close_unblocks_workers(make_transport: Callable[[], Transport]) -> None:
+def _check_close_unblocks_workers(make_transport: Callable[[], Transport]) -> None:
     """close() ends workers blocked on a response and on a full ring, and returns."""
     layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=1)
     transport = make_transport()
@@ -616,7 +622,7 @@ def check_close_unblocks_workers(make_transport: Callable[[], Transport]) -> Non
     assert not closer.is_alive(), f"close() did not return within {_DEADLINE} s"
 
 
-def check_restart(make_transport: Callable[[], Transport]) -> None:
+def _check_restart(make_transport: Callable[[], Transport]) -> None:
     """Every chunk a failing worker handed over comes before its failure; restarted with
     ``restart_worker``, it runs on with its slots free, its failure no longer raised,
     and takes only the answers to its own requests. (Transports without
@@ -679,17 +685,39 @@ def check_restart(make_transport: Callable[[], Transport]) -> None:
 
 
 CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
-    "round_trip": check_round_trip,
-    "double_buffered_round_trip": check_double_buffered_round_trip,
-    "staged_round_trip": check_staged_round_trip,
-    "backpressure": check_backpressure,
-    "worker_error": check_worker_error,
-    "abort": check_abort,
-    "close_unblocks_workers": check_close_unblocks_workers,
-    "restart": check_restart,
+    "round_trip": _check_round_trip,
+    "double_buffered_round_trip": _check_double_buffered_round_trip,
+    "staged_round_trip": _check_staged_round_trip,
+    "backpressure": _check_backpressure,
+    "worker_error": _check_worker_error,
+    "abort": _check_abort,
+    "close_unblocks_workers": _check_close_unblocks_workers,
+    "restart": _check_restart,
 }
 """The conformance checks by name, in the order :func:`check_transport` runs them; run
-one alone as ``CHECKS[name](make_transport)``."""
+one alone as ``CHECKS[name](make_transport)`` (each raises ``AssertionError`` saying
+what went wrong). What each one checks:
+
+* ``round_trip``: one request per worker at a time; every env's stream arrives whole
+  and in order, each action reaches the env whose observation it was computed from,
+  and each worker hands its slots over in order.
+* ``double_buffered_round_trip``: the same with two requests per worker outstanding
+  (two groups of envs): a worker's requests reach the server in the order it made
+  them, one response each.
+* ``staged_round_trip``: the same with vector envs that return arbitrary subsets of
+  their sub-envs (staged requests).
+* ``backpressure``: a worker stops once every slot of its ring is full, and goes on
+  by one chunk per released slot.
+* ``worker_error``: an env that raises reaches ``wait_chunks`` as a
+  :class:`~rlcollect.errors.WorkerError` naming the env, the remote traceback as its
+  cause.
+* ``abort``: ``abort()`` ends both driver waits promptly; ``close()`` twice is harmless.
+* ``close_unblocks_workers``: ``close()`` ends workers blocked on a response or on a
+  full ring, and returns.
+* ``restart``: (transports with ``supports_restart`` only) every chunk a failing
+  worker handed over comes before its failure; after ``restart_worker`` the new worker
+  starts with every slot free and takes only the answers to its own requests.
+"""
 
 
 def check_transport(make_transport: Callable[[], Transport]) -> None:

@@ -99,7 +99,7 @@ class ConvPolicy(torch.nn.Module):
 
 
 def conv_step(policy, capacity=64, **kwargs):
-    runner = PolicyRunner(policy.cuda(), torch.device("cuda"), ((),))
+    runner = PolicyRunner(policy.cuda(), device=torch.device("cuda"), observation_paths=((),))
     obs = {(): Field(("observation",), (4, 84, 84), np.dtype(np.uint8))}
     outputs = {
         ("action",): Field(("action",), (), np.dtype(np.int64)),

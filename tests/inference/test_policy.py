@@ -22,7 +22,7 @@ OBS = {(): np.arange(12, dtype=np.float32).reshape(3, 4)}
 
 
 def run(fn, obs=OBS, paths=((),)):
-    return PolicyRunner(Fn(fn), torch.device("cpu"), paths)(obs)
+    return PolicyRunner(Fn(fn), device=torch.device("cpu"), observation_paths=paths)(obs)
 
 
 def test_tensor_output_is_the_action():
@@ -42,7 +42,7 @@ def test_tensordict_module_reads_observation_and_writes_out_keys():
     module = TensorDictModule(
         lambda o: (o.sum(-1), o * 2), in_keys=["observation"], out_keys=["action", "double"]
     )
-    out = PolicyRunner(module, torch.device("cpu"), ((),))(OBS)
+    out = PolicyRunner(module, device=torch.device("cpu"), observation_paths=((),))(OBS)
     assert set(out) == {("action",), ("double",)}
     assert torch.equal(out[("double",)], torch.from_numpy(OBS[()]) * 2)
 

@@ -249,9 +249,9 @@ def test_bad_arguments_are_named():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
 def test_cuda_requests_without_cuda_are_refused():
-    with pytest.raises(RuntimeError, match="pin_memory=True needs CUDA"):
+    with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
         ReplayBuffer(4, pin_memory=True)
-    with pytest.raises(RuntimeError, match="device=cuda needs CUDA"):
+    with pytest.raises(ValueError, match="device=cuda needs CUDA"):
         ReplayBuffer(4, device="cuda")
 
 

@@ -17,10 +17,18 @@ FIELDS = (
     Field(("action",), (), np.dtype(np.int64)),
     Field(("next", "reward"), (), np.dtype(np.float32)),
 )
+ONES = {"num_workers": 1, "envs_per_worker": 1, "chunk_steps": 1, "slots": 1}
+
+
+def test_configuration_is_keyword_only():
+    with pytest.raises(TypeError, match="positional argument"):
+        RingLayout(FIELDS, 1, 1, 1, 1)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="positional argument"):
+        Staging((("action",),), 2)  # type: ignore[misc]
 
 
 def test_views_have_the_documented_shapes_and_do_not_overlap():
-    layout = RingLayout(FIELDS, num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
+    layout = RingLayout(fields=FIELDS, num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
     buf = np.zeros(layout.nbytes, np.uint8)
     views = layout.views(buf)
     assert views[("observation",)].shape == (3, 8, 2, 3, 5)
@@ -35,18 +43,20 @@ def test_views_have_the_documented_shapes_and_do_not_overlap():
 
 def test_bad_layouts_are_rejected():
     with pytest.raises(ValueError, match="duplicate field keys"):
-        RingLayout((FIELDS[0], FIELDS[0]), 1, 1, 1, 1)
+        RingLayout(fields=(FIELDS[0], FIELDS[0]), **ONES)
     with pytest.raises(ValueError, match="chunk_steps must be a positive int"):
-        RingLayout(FIELDS, 1, 1, 0, 1)
+        RingLayout(fields=FIELDS, **{**ONES, "chunk_steps": 0})
     with pytest.raises(ValueError, match="non-empty tuple"):
         Field((), (), np.dtype(np.uint8))
-    layout = RingLayout(FIELDS, 1, 1, 1, 1)
+    layout = RingLayout(fields=FIELDS, **ONES)
     with pytest.raises(ValueError, match="buffer holds"):
         layout.views(np.zeros(3, np.uint8))
 
 
 def test_in_place_requests_address_one_group_of_one_position():
-    layout = RingLayout(FIELDS, num_workers=2, envs_per_worker=4, chunk_steps=3, slots=2, groups=2)
+    layout = RingLayout(
+        fields=FIELDS, num_workers=2, envs_per_worker=4, chunk_steps=3, slots=2, groups=2
+    )
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     assert layout.request_columns == 2 and layout.requests_per_worker == 12
     obs = layout.request_sources(views, ("observation",))
@@ -61,7 +71,15 @@ def test_in_place_requests_address_one_group_of_one_position():
 
 def test_staged_requests_read_the_index_the_worker_wrote():
     staging = Staging(keys=(("observation",), ("action",)), columns=3)
-    layout = RingLayout(FIELDS, 2, 8, 4, 2, groups=2, staging=staging)
+    layout = RingLayout(
+        fields=FIELDS,
+        num_workers=2,
+        envs_per_worker=8,
+        chunk_steps=4,
+        slots=2,
+        groups=2,
+        staging=staging,
+    )
     buf = np.zeros(layout.nbytes, np.uint8)
     views = layout.views(buf)
     assert views[(STAGED, "observation")].shape == (2, 16, 3, 5)  # two cells per env
@@ -95,8 +113,8 @@ def test_staged_requests_read_the_index_the_worker_wrote():
 def test_bad_request_layouts_are_rejected(kwargs, match):
     args = {"num_workers": 1, "envs_per_worker": 4, "chunk_steps": 1, "slots": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
-        RingLayout(FIELDS, **args)
+        RingLayout(fields=FIELDS, **args)
     with pytest.raises(ValueError, match="may not start with 'staged'"):
-        RingLayout((Field((STAGED, "x"), (), np.dtype(np.uint8)),), 1, 1, 1, 1)
+        RingLayout(fields=(Field((STAGED, "x"), (), np.dtype(np.uint8)),), **ONES)
     with pytest.raises(ValueError, match="columns must be a positive int"):
         Staging(keys=(("action",),), columns=0)

@@ -10,14 +10,14 @@ import time
 import pytest
 from helpers import process_gone, shm_exists, wait_until
 
-from rlcollect.errors import WorkerError
+from rlcollect.errors import CollectorError, WorkerError
 from rlcollect.testing import counting_layout, counting_programs
 from rlcollect.transports import ProcessSlotTransport
 
 
 def start(num_workers=2):
     t = ProcessSlotTransport()
-    layout = counting_layout(num_workers, 1, 2, 2)
+    layout = counting_layout(num_workers=num_workers, envs_per_worker=1, chunk_steps=2, slots=2)
     end = t.start(layout, counting_programs(layout))
     return t, end
 
@@ -64,7 +64,7 @@ import sys
 from rlcollect.testing import counting_layout, counting_programs
 from rlcollect.transports import ProcessSlotTransport
 t = ProcessSlotTransport()
-layout = counting_layout(2, 1, 2, 2)
+layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
 end = t.start(layout, counting_programs(layout))
 print(t.shm_name, *t.pids, flush=True)
 sys.stdin.read()
@@ -85,3 +85,15 @@ def test_driver_killed_with_sigkill_leaves_nothing_behind():
     finally:
         driver.kill()
         driver.wait(10)
+
+
+def test_request_channel_needs_a_running_transport():
+    layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=1)
+    transport = ProcessSlotTransport()
+    with pytest.raises(CollectorError, match=r"request_channel\(\) needs a running"):
+        transport.request_channel()
+    transport.start(layout, counting_programs(layout))
+    assert transport.request_channel().layout == layout
+    transport.close()
+    with pytest.raises(CollectorError, match=r"request_channel\(\) needs a running"):
+        transport.request_channel()

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
 import numpy as np
@@ -43,6 +43,8 @@ from rlcollect.inference.policy import PolicyRunner, output_fields
 from rlcollect.inference.process import InferenceConfig, ProcessInference, WeightsLayout
 from rlcollect.inference.server import BatchingConfig, InferenceServer
 from rlcollect.inference.step import build_action_step
+from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import ServerEnd, Transport
 from rlcollect.transports.layout import Field, RingLayout, Staging
 from rlcollect.transports.process_slots import ProcessSlotTransport
@@ -138,8 +140,9 @@ class AsyncBatchedCollector:
             versions in flight at most. Either way an update lands between two
             inference batches, and each transition carries the version that chose it.
         replay_buffer: an :class:`rlcollect.ReplayBuffer`, or anything with
-            ``.extend(tensordict)`` (a TorchRL replay buffer, say); every batch is
-            written to it, in one call, before it is yielded. Needed by :meth:`start`.
+            ``.extend(tensordict)`` (:class:`~rlcollect.replay.sink.SupportsExtend`: a
+            TorchRL replay buffer, say); every batch is written to it, in one call,
+            before it is yielded. Needed by :meth:`start`.
         train_ratio: rows the learner samples from ``replay_buffer`` per row collected
             (DreamerV3 uses 2 to 16). Collection then waits for the learner instead of
             running ahead: a batch is written only once the learner has sampled
@@ -256,7 +259,7 @@ class AsyncBatchedCollector:
         policy_factory: Callable[[], torch.nn.Module] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
-        transport: str | Transport = "process_slots",
+        transport: Literal["thread", "process_slots"] | Transport = "process_slots",
         envs_per_worker: int = 1,
         worker_splits: int | None = None,
         transition_chunk_size: int | str = "auto",
@@ -266,8 +269,8 @@ class AsyncBatchedCollector:
         policy_device: str | torch.device | None = None,
         compile: bool | Mapping[str, Any] = False,
         cuda_graph: bool = False,
-        inference_backend: str = "thread",
-        replay_buffer: Any = None,
+        inference_backend: Literal["thread", "process"] = "thread",
+        replay_buffer: SupportsExtend | None = None,
         train_ratio: float | None = None,
         learning_starts: int = 0,
         seed: int | None = 0,
@@ -309,7 +312,7 @@ class AsyncBatchedCollector:
                 f"replay_buffer must have an extend(tensordict) method; got "
                 f"{type(replay_buffer).__name__}"
             )
-        _check_train_ratio(train_ratio, learning_starts, replay_buffer)
+        throttle = _throttle_of(train_ratio, learning_starts, replay_buffer)
         transport_obj = _make_transport(transport)
         if isinstance(transport_obj, ProcessSlotTransport):
             _check_picklable(env_fns)
@@ -355,7 +358,7 @@ class AsyncBatchedCollector:
             served = _served_policy(policy, device, own=False)
         else:
             served = _served_policy(_build_policy(policy_source), device, own=True)
-        runner = PolicyRunner(served, device, paths)
+        runner = PolicyRunner(served, device=device, observation_paths=paths)
         action_field, extra_fields = output_fields(
             _probe_policy(runner, observation_space, paths), action_space
         )
@@ -364,10 +367,16 @@ class AsyncBatchedCollector:
         if source.vector:
             staged = (*(f.key for f in obs_fields), action_field.key)
             staged += (*(f.key for f in extra_fields), ("policy_version",))
-            staging = Staging(staged, source.batch_size)
+            staging = Staging(keys=staged, columns=source.batch_size)
         num_workers = len(env_fns) // envs_per_worker
         layout = RingLayout(
-            fields, num_workers, worker_envs, chunk_steps, slots, groups=groups, staging=staging
+            fields=fields,
+            num_workers=num_workers,
+            envs_per_worker=worker_envs,
+            chunk_steps=chunk_steps,
+            slots=slots,
+            groups=groups,
+            staging=staging,
         )
         observations = dict(zip(paths, obs_fields, strict=True))
         outputs = {f.key: f for f in (action_field, *extra_fields)}
@@ -375,7 +384,12 @@ class AsyncBatchedCollector:
         step = None
         if inference_backend == "thread":
             step = build_action_step(
-                runner, observations, outputs, capacity, compile_options, cuda_graph
+                runner,
+                observations,
+                outputs,
+                capacity=capacity,
+                compile_options=compile_options,
+                cuda_graph=cuda_graph,
             )
         else:
             process_config = InferenceConfig(
@@ -418,9 +432,9 @@ class AsyncBatchedCollector:
         #: The transport in use (kept after shutdown, for its diagnostics).
         self.transport: Transport = transport_obj
         self._replay_buffer = replay_buffer
-        self._train_ratio = None if train_ratio is None else float(train_ratio)
+        self._throttle_to = throttle  # (train_ratio, the buffer that counts the samples)
         self._learning_starts = learning_starts
-        self._sampled_at_start = 0 if train_ratio is None else replay_buffer.sampled
+        self._sampled_at_start = 0 if throttle is None else throttle[1].sampled
         self._throttle_seconds = 0.0
         self._layout = layout
         self._frames = 0
@@ -753,14 +767,15 @@ class AsyncBatchedCollector:
     def _throttle(self) -> None:
         """Hold the next batch until the learner has sampled ``train_ratio`` rows per row
         collected (past ``learning_starts``)."""
-        if self._train_ratio is None:
+        if self._throttle_to is None:
             return
+        ratio, buffer = self._throttle_to
         ahead = self._frames - self._learning_starts
         if ahead <= 0:
             return
-        target = self._sampled_at_start + math.ceil(self._train_ratio * ahead)
+        target = self._sampled_at_start + math.ceil(ratio * ahead)
         t0 = time.perf_counter()
-        while not self._replay_buffer.wait_sampled(target, _POLL):
+        while not buffer.wait_sampled(target, _POLL):
             self._quiet_point()
             self._raise_server_error()
         self._throttle_seconds += time.perf_counter() - t0
@@ -852,6 +867,8 @@ class AsyncBatchedCollector:
             phase and request latency percentiles. With a ``train_ratio``, also
             ``train_ratio`` (rows sampled per row collected so far) and
             ``throttle_wait_seconds`` (seconds collection waited for the learner).
+            ``worker_restarts`` counts the workers restarted so far
+            (``max_worker_restarts``).
 
         Raises:
             CollectorError: the background error, if background collection failed.
@@ -891,8 +908,8 @@ class AsyncBatchedCollector:
             "consumer_wait_seconds": self._wait_seconds,
             "policy_version": self.policy_version,
         }
-        if self._train_ratio is not None:
-            sampled = self._replay_buffer.sampled - self._sampled_at_start
+        if self._throttle_to is not None:
+            sampled = self._throttle_to[1].sampled - self._sampled_at_start
             out["train_ratio"] = sampled / max(1, self._frames - self._learning_starts)
             out["throttle_wait_seconds"] = self._throttle_seconds
         if self._server is not None:
@@ -1036,13 +1053,14 @@ def _build_policy(factory: Any) -> Any:
         raise ValueError(f"policy_factory raised: {type(exc).__name__}: {exc}") from exc
 
 
-def _check_train_ratio(ratio: Any, learning_starts: Any, replay_buffer: Any) -> None:
+def _throttle_of(
+    ratio: Any, learning_starts: Any, replay_buffer: Any
+) -> tuple[float, ReplayBuffer] | None:
+    """The checked ``(train_ratio, buffer)`` collection waits on, or None (unthrottled)."""
     if ratio is None:
         if learning_starts != 0:
             raise ValueError("learning_starts only applies with a train_ratio; pass train_ratio=")
-        return
-    from rlcollect.replay.buffer import ReplayBuffer
-
+        return None
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
         raise ValueError(
             f"train_ratio must be a number > 0 (rows sampled per row collected), got {ratio!r}"
@@ -1055,6 +1073,7 @@ def _check_train_ratio(ratio: Any, learning_starts: Any, replay_buffer: Any) -> 
             "train_ratio needs replay_buffer= to be an rlcollect.ReplayBuffer, which counts "
             f"the rows the learner samples; got {type(replay_buffer).__name__}"
         )
+    return float(ratio), replay_buffer
 
 
 def _chunk_steps(

@@ -2,5 +2,6 @@
 
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.server import BatchingConfig, InferenceServer
+from rlcollect.inference.step import build_action_step
 
-__all__ = ["BatchingConfig", "InferenceServer", "PolicyRunner"]
+__all__ = ["BatchingConfig", "InferenceServer", "PolicyRunner", "build_action_step"]

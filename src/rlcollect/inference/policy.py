@@ -19,7 +19,7 @@ from tensordict.nn import TensorDictModuleBase
 
 from rlcollect.transports.layout import Field, Key
 
-__all__ = ["RESERVED_KEYS", "PolicyRunner"]
+__all__ = ["PolicyRunner"]
 
 #: Keys the collector writes itself, and the ring's name for staged copies (vector envs);
 #: a policy output may not use them.
@@ -53,14 +53,14 @@ class PolicyRunner:
         >>> class Greedy(torch.nn.Module):
         ...     def forward(self, observation):
         ...         return {"action": observation.argmax(-1), "value": observation.max(-1).values}
-        >>> runner = PolicyRunner(Greedy(), torch.device("cpu"), ((),))
+        >>> runner = PolicyRunner(Greedy(), device=torch.device("cpu"), observation_paths=((),))
         >>> outputs = runner({(): np.array([[0.1, 0.9], [0.7, 0.3]], dtype=np.float32)})
         >>> sorted(outputs), outputs[("action",)].tolist()
         ([('action',), ('value',)], [1, 0])
     """
 
     def __init__(
-        self, policy: torch.nn.Module, device: torch.device, observation_paths: tuple[Path, ...]
+        self, policy: torch.nn.Module, *, device: torch.device, observation_paths: tuple[Path, ...]
     ) -> None:
         if not isinstance(policy, torch.nn.Module):
             raise TypeError(

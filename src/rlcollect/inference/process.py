@@ -414,14 +414,14 @@ def _inference_main() -> None:
         device = torch.device(cfg.device)
         policy = policy.to(device)
         policy.requires_grad_(False)
-        runner = PolicyRunner(policy, device, cfg.observation_paths)
+        runner = PolicyRunner(policy, device=device, observation_paths=cfg.observation_paths)
         step = build_action_step(
             runner,
             dict(cfg.observations),
             dict(cfg.outputs),
-            cfg.capacity,
-            cfg.compile_options,
-            cfg.cuda_graph,
+            capacity=cfg.capacity,
+            compile_options=cfg.compile_options,
+            cuda_graph=cfg.cuda_graph,
         )
         end = open_request_end(header.channel)
         server = InferenceServer(

@@ -53,7 +53,7 @@ PHASES = ("wait", "gather", "h2d", "forward", "d2h", "scatter", "respond")
 _LATENCIES = 1 << 14  # request latencies kept for the percentiles (a ring)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchingConfig:
     """How the server forms batches (rows = envs).
 
@@ -105,8 +105,9 @@ class InferenceServer(InferenceBackend):
 
     Args:
         runner: the policy and its calling convention.
-        step: the action step built around ``runner`` (host, or device with compile and
-            CUDA graphs), holding at least ``max_batch_size`` rows.
+        step: the action step built around ``runner`` by
+            :func:`~rlcollect.inference.step.build_action_step` (host, or device with
+            compile and CUDA graphs), holding at least ``max_batch_size`` rows.
         end: the request side of a started transport (its driver end, or a request end
             handed to another process).
         layout: the ring ``end`` was started with (how requests address it).
@@ -129,8 +130,12 @@ class InferenceServer(InferenceBackend):
 
         >>> import numpy as np
         >>> import torch
-        >>> from rlcollect.inference import BatchingConfig, InferenceServer, PolicyRunner
-        >>> from rlcollect.inference.step import build_action_step
+        >>> from rlcollect.inference import (
+        ...     BatchingConfig,
+        ...     InferenceServer,
+        ...     PolicyRunner,
+        ...     build_action_step,
+        ... )
         >>> from rlcollect.testing import counting_layout, counting_programs
         >>> from rlcollect.transports import ThreadQueueTransport
         >>> class StepModFive(torch.nn.Module):  # CountingEnv: [env, episode, step, last]
@@ -138,14 +143,14 @@ class InferenceServer(InferenceBackend):
         ...         return observation[:, 2] % 5
         >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
         >>> fields = {field.key: field for field in layout.fields}
-        >>> runner = PolicyRunner(StepModFive(), torch.device("cpu"), ((),))
+        >>> runner = PolicyRunner(
+        ...     StepModFive(), device=torch.device("cpu"), observation_paths=((),)
+        ... )
         >>> step = build_action_step(
         ...     runner,
         ...     {(): fields[("observation",)]},
         ...     {("action",): fields[("action",)]},
         ...     capacity=4,
-        ...     compile_options=None,
-        ...     cuda_graph=False,
         ... )
         >>> transport = ThreadQueueTransport()
         >>> end = transport.start(layout, counting_programs(layout))
@@ -262,7 +267,7 @@ class InferenceServer(InferenceBackend):
         if self._thread is None or not self._thread.is_alive():
             self._step.close()
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> int:
+    def update_weights(self, state_dict: Mapping[str, Any], *, version: int | None = None) -> int:
         """Copy ``state_dict`` into the served policy in place, between batches.
 
         Args:

@@ -51,14 +51,9 @@ import torch
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Key
 
-__all__ = [
-    "ActionStep",
-    "DeviceStep",
-    "HostStep",
-    "StepTimes",
-    "buckets_for",
-    "build_action_step",
-]
+# The strategies themselves (ActionStep, HostStep, DeviceStep) are the inference
+# server's business; users build one with build_action_step and hand it over.
+__all__ = ["build_action_step"]
 
 Path = tuple[str, ...]
 #: Seconds one call of ``run`` spent copying host→device and device→host (GPU timers).
@@ -303,18 +298,70 @@ def _torch_dtype(field: Field) -> torch.dtype:
 
 def build_action_step(
     runner: PolicyRunner,
-    observations: dict[Path, Field],
-    outputs: dict[tuple[str, ...], Field],
+    observations: Mapping[Path, Field],
+    outputs: Mapping[Key, Field],
+    *,
     capacity: int,
-    compile_options: dict[str, Any] | None,
-    cuda_graph: bool,
+    compile_options: Mapping[str, Any] | None = None,
+    cuda_graph: bool = False,
 ) -> ActionStep:
-    """The action step for ``runner``'s device: host, or device with compile and graphs.
+    """The action step an :class:`~rlcollect.inference.server.InferenceServer` runs per
+    batch: gather the observations, run the policy, return its outputs on the host.
+
+    The strategy follows ``runner.device``, chosen once here: on the CPU the policy
+    reads the gathered rows in place; on a CUDA device the batch is gathered on the GPU
+    from the page-locked ring, optionally through ``torch.compile`` and CUDA graphs
+    (each padded batch size compiled or captured here, before any batch is served).
+    The step is opaque: pass it to the server, which owns it from then on.
+
+    Args:
+        runner: the policy and its calling convention.
+        observations: the ring's observation field for each of ``runner.paths``.
+        outputs: the ring's field for each key the policy returns (``("action",)`` and
+            any extra output).
+        capacity: most rows one batch holds (at least the server's ``max_batch_size``).
+        compile_options: ``torch.compile`` keyword arguments, or None for no compile
+            (CUDA only).
+        cuda_graph: capture the step as a CUDA graph per padded batch size (CUDA only).
+
+    Returns:
+        The step, for :class:`~rlcollect.inference.server.InferenceServer`.
 
     Raises:
-        ValueError: the policy failed while being compiled, captured or warmed up.
+        ValueError: the policy failed while being compiled, captured or warmed up, or
+            ``compile_options`` or ``cuda_graph`` given for a policy off CUDA.
+
+    Examples:
+        A step for a policy on the CPU, over a ring of CountingEnv fields (see
+        :class:`~rlcollect.inference.server.InferenceServer` for one being served):
+
+        >>> import torch
+        >>> from rlcollect.inference import PolicyRunner, build_action_step
+        >>> from rlcollect.testing import counting_layout
+        >>> layout = counting_layout(num_workers=1, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> fields = {field.key: field for field in layout.fields}
+        >>> runner = PolicyRunner(
+        ...     torch.nn.Identity(), device=torch.device("cpu"), observation_paths=((),)
+        ... )
+        >>> step = build_action_step(
+        ...     runner,
+        ...     {(): fields[("observation",)]},
+        ...     {("action",): fields[("action",)]},
+        ...     capacity=2,
+        ... )
+        >>> step.capacity
+        2
+        >>> build_action_step(runner, {}, {}, capacity=2, cuda_graph=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: compile_options and cuda_graph need a policy on a CUDA device; the ...
     """
     if runner.device.type != "cuda":
+        if compile_options is not None or cuda_graph:
+            raise ValueError(
+                f"compile_options and cuda_graph need a policy on a CUDA device; the runner's "
+                f"is {runner.device}"
+            )
         return HostStep(runner, observations, capacity)
     try:
         return DeviceStep(

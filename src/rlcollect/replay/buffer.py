@@ -44,6 +44,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_non_tensor
 
+from rlcollect.errors import CollectorError
+
 __all__ = ["ReplayBuffer"]
 
 _Rows = dict[tuple[str, ...], torch.Tensor]  # batch fields by nested key
@@ -86,8 +88,8 @@ class ReplayBuffer:
         seed: seeds the buffer's own generator; ``None`` draws a random seed.
 
     Raises:
-        ValueError: a bad capacity, device or seed, or ``pin_memory`` off the CPU.
-        RuntimeError: CUDA is asked for (device or pinning) but not available.
+        ValueError: a bad capacity, device or seed, ``pin_memory`` off the CPU, or
+            CUDA asked for (device or pinning) where none is available.
 
     Examples:
         >>> import torch
@@ -124,7 +126,7 @@ class ReplayBuffer:
             raise ValueError(f"pin_memory=True needs device='cpu', got {dev}")
         if (pin_memory or dev.type == "cuda") and not torch.cuda.is_available():
             need = "pin_memory=True" if pin_memory else f"device={dev}"
-            raise RuntimeError(f"{need} needs CUDA, which is not available")
+            raise ValueError(f"{need} needs CUDA, which is not available")
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         self.capacity, self.device, self.pin_memory = capacity, dev, pin_memory
@@ -172,7 +174,8 @@ class ReplayBuffer:
         Raises:
             TypeError: not a TensorDict, non-tensor data, or a dtype other than stored.
             ValueError: a key missing or extra, or a per-row shape other than stored.
-            RuntimeError: another thread is in ``extend`` or ``load_state_dict``.
+            CollectorError: another thread is in ``extend`` or ``load_state_dict`` (the
+                buffer has one writer).
 
         Examples:
             >>> import torch
@@ -361,7 +364,7 @@ class ReplayBuffer:
 
         Raises:
             ValueError: the state is for another capacity, or inconsistent.
-            RuntimeError: ``extend`` or ``sample`` is running.
+            CollectorError: ``extend`` or ``sample`` is running.
 
         Examples:
             >>> import torch
@@ -384,7 +387,10 @@ class ReplayBuffer:
             raise ValueError(f"inconsistent state: size {size} but storage {state['storage']!r}")
         with self._cond:
             if self._readers or self._old_readers:
-                raise RuntimeError("load_state_dict while sample is running")
+                raise CollectorError(
+                    "load_state_dict while sample is running: load the state before the "
+                    "learner samples, or between two samples"
+                )
             self._begin_write()
         try:
             fields, event = None, None
@@ -404,7 +410,10 @@ class ReplayBuffer:
 
     def _begin_write(self) -> None:
         if self._writing:
-            raise RuntimeError("ReplayBuffer has one writer: extend is already running")
+            raise CollectorError(
+                "ReplayBuffer has one writer: extend (or load_state_dict) is already running "
+                "in another thread"
+            )
         self._writing = True
 
     def _check(self, rows: _Rows) -> None:

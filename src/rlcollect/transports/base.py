@@ -80,7 +80,7 @@ class WorkerEnd(ABC):
         >>> from rlcollect.transports import Field, RingLayout, ThreadQueueTransport
         >>> int64 = np.dtype(np.int64)
         >>> layout = RingLayout(
-        ...     (Field(("observation",), (), int64), Field(("action",), (), int64)),
+        ...     fields=(Field(("observation",), (), int64), Field(("action",), (), int64)),
         ...     num_workers=1,
         ...     envs_per_worker=1,
         ...     chunk_steps=2,
@@ -162,8 +162,9 @@ class RequestEnd(ABC):
     """The request side of the driver's end: what an inference server uses.
 
     A :class:`ServerEnd` is one; a transport may also hand its request side to a server
-    in another process as a request end of its own (see
-    :func:`rlcollect.transports.process_slots.open_request_end`).
+    in another process as a request end of its own (as
+    :class:`~rlcollect.transports.process_slots.ProcessSlotTransport` does for the
+    collector's ``inference_backend="process"``).
 
     Examples:
         Answering the requests of CountingEnv workers with the action each env's own
@@ -172,8 +173,7 @@ class RequestEnd(ABC):
 
         >>> import numpy as np
         >>> from rlcollect.testing import counting_actions, counting_layout, counting_programs
-        >>> from rlcollect.transports import ThreadQueueTransport
-        >>> from rlcollect.transports.layout import request_rows
+        >>> from rlcollect.transports import ThreadQueueTransport, request_rows
         >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
         >>> transport = ThreadQueueTransport()
         >>> end = transport.start(layout, counting_programs(layout))
@@ -317,7 +317,7 @@ class Transport(ABC):
             The driver's end.
 
         Raises:
-            RuntimeError: the transport was started before (one collector each).
+            CollectorError: the transport was started before (one collector each).
             ValueError: ``len(programs)`` is not ``layout.num_workers``.
         """
 
@@ -345,8 +345,7 @@ class Transport(ABC):
 
         Raises:
             CollectorError: the transport cannot restart workers (``supports_restart``
-                is False).
-            RuntimeError: the transport is not running.
+                is False), or is not running.
         """
         raise CollectorError(
             f"{type(self).__name__} cannot restart workers (its supports_restart is False): "
@@ -355,11 +354,14 @@ class Transport(ABC):
 
 
 def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailure:
-    """Describe ``exc`` as a :class:`WorkerFailure` (strings only, safe to send anywhere).
+    """Describe ``exc`` as a :class:`~rlcollect.errors.WorkerFailure` (strings only, safe
+    to send anywhere).
 
-    An :class:`~rlcollect.errors.EnvError` is unwrapped: the failure names its env and
-    describes the env's own exception, followed by what the worker was doing with the
-    env (which names the sub-envs of a vector env).
+    A transport's worker calls it on the exception that ended the worker program and
+    passes the result to :meth:`WorkerEnd.report` (as ``examples/custom_transport.py``
+    does). An :class:`~rlcollect.errors.EnvError` is unwrapped: the failure names its
+    env and describes the env's own exception, followed by what the worker was doing
+    with the env (which names the sub-envs of a vector env).
 
     Args:
         worker_index: the worker that caught ``exc``.
@@ -369,7 +371,19 @@ def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailu
         The failure, for :meth:`WorkerEnd.report`.
 
     Examples:
-        >>> from rlcollect.transports.base import failure_from_exception
+        A worker's way out, in a transport of one's own (``end`` is its
+        :class:`WorkerEnd`)::
+
+            try:
+                program(end)
+            except ChannelClosed:
+                return  # the driver closed the transport: the normal way out
+            except BaseException as exc:
+                end.report(failure_from_exception(end.index, exc))
+
+        What the driver then learns:
+
+        >>> from rlcollect.transports import failure_from_exception
         >>> try:
         ...     raise OSError("no display")
         ... except OSError as exc:

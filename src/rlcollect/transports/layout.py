@@ -41,9 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["STAGED", "Field", "Key", "RingLayout", "Staging", "request_rows", "worker_views"]
+__all__ = ["Field", "Key", "RingLayout", "Staging", "request_rows", "worker_views"]
 
 Key = tuple[str, ...]
+"""A TensorDict key as a tuple of names: ``("observation",)``, ``("next", "reward")``.
+
+The ring's arrays (``RingLayout.views``, an end's ``buffers``) are keyed by it.
+"""
 
 #: First name of every staged array's key; ``(STAGED, "rows")`` is the request index.
 STAGED = "staged"
@@ -84,7 +88,7 @@ class Field:
             raise ValueError(f"field key must be a non-empty tuple of names, got {self.key!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Staging:
     """Staged requests (vector envs): which fields are staged, and rows per request.
 
@@ -97,8 +101,8 @@ class Staging:
         ValueError: no keys, or ``columns`` not a positive int.
 
     Examples:
-        >>> from rlcollect.transports.layout import Staging
-        >>> Staging((("observation",), ("action",)), columns=4).columns
+        >>> from rlcollect.transports import Staging
+        >>> Staging(keys=(("observation",), ("action",)), columns=4).columns
         4
     """
 
@@ -112,7 +116,7 @@ class Staging:
             raise ValueError(f"Staging.columns must be a positive int, got {self.columns!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RingLayout:
     """Shape of the rollout ring shared by all workers of one collector.
 
@@ -137,7 +141,7 @@ class RingLayout:
         >>> import numpy as np
         >>> from rlcollect.transports import Field, RingLayout
         >>> layout = RingLayout(
-        ...     (Field(("observation",), (4,), np.dtype(np.float32)),),
+        ...     fields=(Field(("observation",), (4,), np.dtype(np.float32)),),
         ...     num_workers=2,
         ...     envs_per_worker=3,
         ...     chunk_steps=8,
@@ -310,7 +314,7 @@ def request_rows(
     Examples:
         >>> import numpy as np
         >>> from rlcollect.testing import counting_layout
-        >>> from rlcollect.transports.layout import request_rows
+        >>> from rlcollect.transports import request_rows
         >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
         >>> views = layout.views(bytearray(layout.nbytes))
         >>> request_rows(layout, views, np.array([0, 1]), np.array([0, 3])).tolist()
@@ -341,7 +345,7 @@ def worker_views(views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.n
 
     Examples:
         >>> from rlcollect.testing import counting_layout
-        >>> from rlcollect.transports.layout import worker_views
+        >>> from rlcollect.transports import worker_views
         >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
         >>> views = layout.views(bytearray(layout.nbytes))
         >>> worker_views(views, 1)[("observation",)].shape

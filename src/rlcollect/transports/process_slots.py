@@ -93,7 +93,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
+from rlcollect.errors import ChannelClosed, CollectorError, WorkerError, WorkerFailure
 from rlcollect.transports.base import (
     RequestEnd,
     ServerEnd,
@@ -105,13 +105,9 @@ from rlcollect.transports.base import (
 from rlcollect.transports.generations import Generations, response_token, tag
 from rlcollect.transports.layout import RingLayout, worker_views
 
-__all__ = [
-    "ProcessSlotTransport",
-    "RequestChannel",
-    "attach_segment",
-    "open_request_end",
-    "unlink_segment",
-]
+# RequestChannel, open_request_end, attach_segment and unlink_segment are the plumbing of
+# the collector's inference process (rlcollect.inference.process), not API.
+__all__ = ["ProcessSlotTransport"]
 
 _MESSAGE = struct.Struct("<ii")  # (worker, position or slot), little-endian int32 pair
 _READ_BYTES = 1 << 16
@@ -612,10 +608,13 @@ class ProcessSlotTransport(Transport):
         :class:`RequestChannel`); the driver's end stops serving requests.
 
         Raises:
-            RuntimeError: before ``start``, or after ``close``.
+            CollectorError: before ``start``, or after ``close``.
         """
         if self._server is None or self._shm_name is None or self._layout is None or self._closed:
-            raise RuntimeError("the transport is not running")
+            raise CollectorError(
+                "request_channel() needs a running ProcessSlotTransport: call it after start() "
+                "and before close()"
+            )
         return RequestChannel(
             self._shm_name,
             self._layout,
@@ -625,7 +624,7 @@ class ProcessSlotTransport(Transport):
 
     def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
         if self._started:
-            raise RuntimeError("a ProcessSlotTransport serves one collector; create a new one")
+            raise CollectorError("a ProcessSlotTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
         self._started = True
@@ -721,14 +720,18 @@ class ProcessSlotTransport(Transport):
         protocol is in this module's docstring).
 
         Raises:
-            RuntimeError: the transport is not running.
+            CollectorError: the transport was not started, or is closed.
             TypeError: ``program`` cannot be pickled.
         """
         server, layout, name = self._server, self._layout, self._shm_name
-        if server is None or layout is None or name is None or self._shared_w is None:
-            raise RuntimeError("the transport is not running")
         if self._closed:
-            raise RuntimeError("the transport is closed")
+            raise CollectorError(
+                f"cannot restart worker {worker}: the ProcessSlotTransport is closed"
+            )
+        if server is None or layout is None or name is None or self._shared_w is None:
+            raise CollectorError(
+                f"cannot restart worker {worker}: the ProcessSlotTransport was not started"
+            )
         try:
             payload = cloudpickle.dumps(program)
         except Exception as exc:

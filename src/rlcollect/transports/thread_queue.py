@@ -27,7 +27,7 @@ import queue
 import threading
 from collections.abc import Sequence
 
-from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
+from rlcollect.errors import ChannelClosed, CollectorError, WorkerError, WorkerFailure
 from rlcollect.transports.base import (
     ServerEnd,
     Transport,
@@ -214,7 +214,7 @@ class ThreadQueueTransport(Transport):
 
     def start(self, layout: RingLayout, programs: Sequence[WorkerProgram]) -> ServerEnd:
         if self._server is not None or self._closed:
-            raise RuntimeError("a ThreadQueueTransport serves one collector; create a new one")
+            raise CollectorError("a ThreadQueueTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
         self._server = _Server(layout)
@@ -234,16 +234,25 @@ class ThreadQueueTransport(Transport):
         """Start a new thread for ``worker`` after its old one failed.
 
         Raises:
-            RuntimeError: the transport is not running, or the old thread has not ended
-                within two seconds (an env stuck in a native call).
+            CollectorError: the transport was not started or is closed, or the old thread
+                has not ended within two seconds (an env stuck in a native call).
         """
         server = self._server
-        if server is None or self._closed:
-            raise RuntimeError("the transport is not running")
+        if self._closed:
+            raise CollectorError(
+                f"cannot restart worker {worker}: the ThreadQueueTransport is closed"
+            )
+        if server is None:
+            raise CollectorError(
+                f"cannot restart worker {worker}: the ThreadQueueTransport was not started"
+            )
         old = self._threads[worker]
         old.join(_JOIN_TIMEOUT)  # it reported its failure and is returning
         if old.is_alive():
-            raise RuntimeError(f"worker {worker}'s thread is still running; cannot restart it")
+            raise CollectorError(
+                f"cannot restart worker {worker}: its thread is still running "
+                f"{_JOIN_TIMEOUT} s after it failed (an env stuck in a native call?)"
+            )
         # Only the consuming thread (this one) releases slots, so swapping the queue is safe.
         credits: queue.SimpleQueue[_Token] = queue.SimpleQueue()
         for _ in range(server.slots):
