@@ -16,8 +16,9 @@ times, each series timed over ``--seconds``, for each split ``w``:
 * ``rlcollect[thread-Ww]``: ``AsyncBatchedCollector`` with one worker per vector env,
   workers as threads (the vector env's C++ threads release the GIL).
 * ``rlcollect[process_slots-Ww]``: the same with worker processes.
-* with ``--double-buffer``, ``rlcollect[thread-2x]``: two vector envs of half the
-  envs, batch and threads each, in one worker that alternates between them.
+* with ``--double-buffer``, ``rlcollect[thread-2x]`` and ``rlcollect[process_slots-2x]``:
+  two vector envs of half the envs, batch and threads each, in one worker that
+  alternates between them (two batches at the policy at once).
 
 The target (issue 5): rlcollect at >= 0.9x ``env_only`` of the same configuration, and
 ahead of the hand loop. A collector is timed from ``--warmup`` seconds after its first
@@ -54,7 +55,7 @@ from policies import NatureCNN
 from rlcollect import AsyncBatchedCollector
 
 FRAME = (84, 84)
-DOUBLE_BUFFER = "rlcollect[thread-2x]"
+DOUBLE_BUFFERS = {"rlcollect[thread-2x]": "thread", "rlcollect[process_slots-2x]": "process_slots"}
 
 
 def series_names(splits: list[int], process: bool, double_buffer: bool) -> list[str]:
@@ -63,7 +64,9 @@ def series_names(splits: list[int], process: bool, double_buffer: bool) -> list[
         names += [f"env_only[{w}w]", f"hand_loop[{w}w]", f"rlcollect[thread-{w}w]"]
         if process:
             names.append(f"rlcollect[process_slots-{w}w]")
-    return names + ([DOUBLE_BUFFER] if double_buffer else [])
+    if double_buffer:
+        names += [n for n, t in DOUBLE_BUFFERS.items() if process or t == "thread"]
+    return names
 
 
 def split_of(name: str) -> int:
@@ -317,7 +320,9 @@ def main() -> None:
     parser.add_argument("--no-process", action="store_true", help="skip the worker-process series")
     parser.add_argument("--splits", default="1,4", help="vector envs the envs are divided into")
     parser.add_argument(
-        "--double-buffer", action="store_true", help=f"add {DOUBLE_BUFFER} (2 envs, 1 worker)"
+        "--double-buffer",
+        action="store_true",
+        help=f"add {list(DOUBLE_BUFFERS)} (2 vector envs, 1 worker)",
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
@@ -356,8 +361,8 @@ def main() -> None:
                 result = env_only(args, w)
             elif name.startswith("hand_loop"):
                 result = hand_loop(args, device, w)
-            elif name == DOUBLE_BUFFER:
-                result = collector(args, device, "thread", 2, one_worker=True)
+            elif name in DOUBLE_BUFFERS:
+                result = collector(args, device, DOUBLE_BUFFERS[name], 2, one_worker=True)
             else:
                 transport = "process_slots" if "process_slots" in name else "thread"
                 result = collector(args, device, transport, w, one_worker=False)

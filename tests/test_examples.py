@@ -175,7 +175,9 @@ def test_atari_throughput_benchmark(tmp_path):
             assert rows[series]["split"] == w
         assert rows[f"rlcollect[process_slots-{w}w]"]["ratio_to_env_only_median"] > 0
     assert rows["rlcollect[thread-2w]"]["ratio_to_best_hand_loop_median"] > 0
-    assert "ratio_to_hand_loop_median" in rows["rlcollect[thread-2x]"]
+    for series in ("rlcollect[thread-2x]", "rlcollect[process_slots-2x]"):
+        assert rows[series]["fps_median"] > 0 and "ratio_to_hand_loop_median" in rows[series]
+    assert result["repeats_done"] == 1
     assert "| `rlcollect[thread-1w]` |" in out
 
 
