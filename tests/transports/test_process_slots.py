@@ -5,10 +5,12 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from helpers import process_gone, shm_exists, wait_until
+from programs import PaddedProgram
 
 from rlcollect.errors import CollectorError, WorkerError
 from rlcollect.testing import counting_layout, counting_programs
@@ -97,3 +99,44 @@ def test_request_channel_needs_a_running_transport():
     transport.close()
     with pytest.raises(CollectorError, match=r"request_channel\(\) needs a running"):
         transport.request_channel()
+
+
+def test_start_does_not_wait_for_workers_to_read_their_programs(tmp_path, monkeypatch):
+    # Worker interpreters held at their start until `gate` exists, with programs larger
+    # than a pipe holds: start() must return all the same. (Sent through a pipe, a
+    # program would block start() until its worker got going and read it, so workers
+    # would start one after another.)
+    gate = tmp_path / "gate"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+    )
+    monkeypatch.syspath_prepend(str(site))  # the workers' PYTHONPATH is the driver's path
+    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
+    programs = [PaddedProgram(p, 4 << 20) for p in counting_programs(layout)]
+    t = ProcessSlotTransport()
+    started = threading.Event()
+    ends = []
+
+    def start_transport():
+        ends.append(t.start(layout, programs))
+        started.set()
+
+    threading.Thread(target=start_transport, daemon=True).start()
+    try:
+        assert started.wait(30), "start() waited for the workers to read their programs"
+        assert not gate.exists()  # so no worker had started running yet
+        gate.touch()
+        seen = set()
+        deadline = time.monotonic() + 30
+        while seen != {0, 1} and time.monotonic() < deadline:
+            seen.update(w for w, _ in ends[0].wait_requests(0.5))
+        assert seen == {0, 1}  # both workers read their programs and run them
+    finally:
+        gate.touch()
+        started.wait(30)
+        t.close()

@@ -44,6 +44,12 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   touch the slot again until it has read a byte from ``credits[i]``, which the driver
   writes after it has copied the slot out. ``credits[i]`` starts with one byte per
   slot.
+* A worker's program (its header, then the pickled env factories and spec) reaches it
+  in an unnamed temporary file (owner-only) whose descriptor it inherits, not through
+  a pipe: a program can be larger than a pipe holds (the bounds of an image
+  observation space alone are ~70 KB for Pong), and a pipe write would then wait for
+  the worker's interpreter to start and read it, so worker processes would start one
+  after another instead of all at once.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits. The
   same happens when the driver dies, however it dies. A worker's death closes its end
@@ -83,6 +89,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -112,6 +119,7 @@ __all__ = ["ProcessSlotTransport"]
 _MESSAGE = struct.Struct("<ii")  # (worker, position or slot), little-endian int32 pair
 _READ_BYTES = 1 << 16
 _REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
+# The worker's argument: the descriptor of the file holding its header and program.
 _CHILD = "from rlcollect.transports.process_slots import _worker_main; _worker_main()"
 
 
@@ -221,15 +229,16 @@ def _worker_main() -> None:
     # Ctrl-C reaches the whole process group; the driver decides how workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _batch_scheduling()
-    stdin = sys.stdin.buffer
-    header: _Header = pickle.load(stdin)
+    with open(int(sys.argv[1]), "rb") as handed:
+        header: _Header = pickle.load(handed)
+        payload = handed.read()
     try:
         ring = attach_segment(header.shm_name, header.layout.nbytes)
     except FileNotFoundError:
         return  # the driver closed (and unlinked) before this worker got going
     end = _ProcessWorker(header, ring)
     try:
-        program: WorkerProgram = pickle.load(stdin)
+        program: WorkerProgram = pickle.loads(payload)
         program(end)
     except ChannelClosed:
         unlink_segment(header.shm_name)  # the driver may have died without unlinking
@@ -695,25 +704,20 @@ class ProcessSlotTransport(Transport):
 
     def _spawn(self, header: _Header, payload: bytes) -> subprocess.Popen[bytes]:
         h = header
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD],
-            stdin=subprocess.PIPE,
-            pass_fds=(h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w),
-            env=self._child_env,
-        )
-        try:
-            assert proc.stdin is not None
-            proc.stdin.write(pickle.dumps(header))
-            proc.stdin.write(payload)
-            proc.stdin.close()
-        except BaseException:
-            proc.kill()  # nobody else knows of it yet
-            try:
-                proc.wait(_REPORT_WAIT)
-            except subprocess.TimeoutExpired:
-                pass
-            raise
-        return proc
+        # Written in full before the process starts (see the module docstring): the
+        # driver never waits for a worker to read its program.
+        with tempfile.TemporaryFile() as handed:
+            handed.write(pickle.dumps(header))
+            handed.write(payload)
+            handed.flush()
+            handed.seek(0)  # the child inherits the open file, offset included
+            fd = handed.fileno()
+            return subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(fd)],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w, fd),
+                env=self._child_env,
+            )
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Start a new process for ``worker`` after its old one failed or died (the
