@@ -158,6 +158,15 @@ def test_dqn_atari(tmp_path):
     assert result["mean_inference_batch"] >= 1
 
 
+def test_startup_benchmark(tmp_path):
+    out = run("benchmarks/startup.py", "--envs", "2", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "startup.json").read_text())
+    row = result["results"]["2"]
+    assert row["rlcollect"]["spawns"] == 2 and row["rlcollect"]["first_batch_seconds"] > 0
+    assert row["async_vector"]["first_step_seconds"] > 0
+    assert "| 2 |" in out
+
+
 @pytest.mark.slow
 def test_atari_throughput_benchmark(tmp_path):
     out = run(
