@@ -18,7 +18,8 @@ times, each series timed over ``--seconds``, for each split ``w``:
 * ``rlcollect[process_slots-Ww]``: the same with worker processes.
 * with ``--double-buffer``, ``rlcollect[thread-2x]`` and ``rlcollect[process_slots-2x]``:
   two vector envs of half the envs, batch and threads each, in one worker that
-  alternates between them (two batches at the policy at once).
+  alternates between them (two batches at the policy at once); compared with
+  ``env_only[2w]`` and ``hand_loop[2w]``, added to the run if ``--splits`` lacks 2.
 
 The target (issue 5): rlcollect at >= 0.9x ``env_only`` of the same configuration, and
 ahead of the hand loop. A collector is timed from ``--warmup`` seconds after its first
@@ -65,13 +66,16 @@ def series_names(splits: list[int], process: bool, double_buffer: bool) -> list[
         if process:
             names.append(f"rlcollect[process_slots-{w}w]")
     if double_buffer:
+        if 2 not in splits:  # the double-buffer series' own configuration, for its ratios
+            names += ["env_only[2w]", "hand_loop[2w]"]
         names += [n for n, t in DOUBLE_BUFFERS.items() if process or t == "thread"]
     return names
 
 
 def split_of(name: str) -> int:
-    """The split ``w`` of a series name (the double-buffer series: 1 vector env's worth)."""
-    found = re.search(r"(\d+)w\]$", name)
+    """The split ``w`` of a series name: the vector envs its configuration divides the
+    envs into (the double-buffer series: 2, in one worker)."""
+    found = re.search(r"(\d+)[wx]\]$", name)
     return int(found.group(1)) if found else 1
 
 
