@@ -38,9 +38,11 @@ import argparse
 import functools
 import json
 import multiprocessing
+import os
 import re
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +56,7 @@ from common import machine, make_atari_vector, step_vector_env_randomly
 from policies import NatureCNN
 
 from rlcollect import AsyncBatchedCollector
+from rlcollect.transports import ProcessSlotTransport
 
 FRAME = (84, 84)
 DOUBLE_BUFFERS = {"rlcollect[thread-2x]": "thread", "rlcollect[process_slots-2x]": "process_slots"}
@@ -166,15 +169,23 @@ def hand_loop(args: argparse.Namespace, device: torch.device, w: int) -> dict[st
 def collector(
     args: argparse.Namespace, device: torch.device, transport: str, w: int, one_worker: bool
 ) -> dict[str, Any]:
-    """``w`` vector envs, one per worker (or all in ``one_worker``, alternating)."""
+    """``w`` vector envs, one per worker (or all in ``one_worker``, alternating).
+
+    Besides frames/s, where the CPU goes, per frame over the timed window: the driver
+    process, its inference-server thread and, with worker processes, their Python loops
+    (each process's main thread) and the whole processes (the env's C++ threads too).
+    """
     n, b, t = vector_config(args, w)
     fns: list[Callable[[], Any]] = [functools.partial(make_atari_vector, n, b, t)] * w
+    handle: ProcessSlotTransport | str = (
+        ProcessSlotTransport() if transport == "process_slots" else transport
+    )
     with AsyncBatchedCollector(
         fns,
         _policy(6),
         frames_per_batch=args.frames_per_batch,
         total_frames=-1,
-        transport=transport,
+        transport=handle,
         envs_per_worker=w if one_worker else 1,
         policy_device=device,
         cuda_graph=device.type == "cuda",
@@ -184,23 +195,48 @@ def collector(
         t_end = time.perf_counter() + args.warmup
         while time.perf_counter() < t_end:
             next(it)
+        pids = handle.pids if isinstance(handle, ProcessSlotTransport) else []
+        server_tid = next(
+            th.native_id for th in threading.enumerate() if th.name == "rlcollect-inference"
+        )
+        before = _cpu_seconds(pids, server_tid)
         frames, t0, c0 = 0, time.perf_counter(), time.process_time()
         server0 = c.stats()["server"]
         while time.perf_counter() - t0 < args.seconds:
             frames += next(it).batch_size[0]
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        after = _cpu_seconds(pids, server_tid)
         server = c.stats()["server"]
     rows = server["rows"] - server0["rows"]
     batches = server["batches"] - server0["batches"]
+    spent = {k: 1e3 * (after[k] - before[k]) / frames for k in before}
     return {
         "fps": frames / wall,
         "process_cpu_ms_per_frame": 1e3 * cpu / frames,
+        "server_thread_cpu_ms_per_frame": spent["server_thread"],
+        "worker_loop_cpu_ms_per_frame": spent["worker_loops"] if pids else None,
+        "worker_process_cpu_ms_per_frame": spent["worker_processes"] if pids else None,
         "mean_batch_size": rows / batches if batches else 0.0,
         "phase_seconds": {
             k: v - server0["phase_seconds"][k] for k, v in server["phase_seconds"].items()
         },
         "request_latency_p50": server["request_latency_p50"],
         "gathers_on_device": server["gathers_on_device"],
+    }
+
+
+def _cpu_seconds(pids: list[int], server_tid: int) -> dict[str, float]:
+    """CPU seconds so far of the server thread (this process), of each worker process's
+    main thread (its Python loop), and of the worker processes whole."""
+
+    def ticks(stat: str) -> float:
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime+stime
+
+    return {
+        "server_thread": ticks(f"/proc/self/task/{server_tid}/stat"),
+        "worker_loops": sum(ticks(f"/proc/{p}/task/{p}/stat") for p in pids),
+        "worker_processes": sum(ticks(f"/proc/{p}/stat") for p in pids),
     }
 
 
@@ -243,20 +279,30 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
             row["ratio_to_best_hand_loop_median"] = statistics.median(
                 r["fps"] / b for r, b in zip(reps, best, strict=True)
             )
-            for key in ("process_cpu_ms_per_frame", "mean_batch_size"):
-                row[f"{key}_median"] = statistics.median(r[key] for r in reps)
+            for key in (
+                "process_cpu_ms_per_frame",
+                "server_thread_cpu_ms_per_frame",
+                "worker_loop_cpu_ms_per_frame",
+                "worker_process_cpu_ms_per_frame",
+                "mean_batch_size",
+            ):
+                values = [r[key] for r in reps if r.get(key) is not None]
+                row[f"{key}_median"] = statistics.median(values) if values else None
         out[name] = row
     return out
 
 
 def table(summary: dict[str, dict[str, Any]]) -> str:
+    """The markdown table; CPU columns in µs per frame (driver process, its server
+    thread, the worker processes' Python loops)."""
     lines = [
-        "| series | frames/s | range | / env_only | / hand_loop | / best hand loop | mean batch |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| series | frames/s | range | / env_only | / hand_loop | / best hand loop | mean batch "
+        "| driver µs/frame | server | worker loops |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
-    def cell(value: float | None, form: str = ".2f") -> str:
-        return "" if value is None else format(value, form)
+    def cell(value: float | None, form: str = ".2f", scale: float = 1.0) -> str:
+        return "" if value is None else format(value * scale, form)
 
     for name, row in summary.items():
         lo, hi = row["fps_range"]
@@ -265,7 +311,10 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
             f"{cell(row.get('ratio_to_env_only_median'))} | "
             f"{cell(row.get('ratio_to_hand_loop_median'))} | "
             f"{cell(row.get('ratio_to_best_hand_loop_median'))} | "
-            f"{cell(row.get('mean_batch_size_median'), '.1f')} |"
+            f"{cell(row.get('mean_batch_size_median'), '.1f')} | "
+            f"{cell(row.get('process_cpu_ms_per_frame_median'), '.0f', 1e3)} | "
+            f"{cell(row.get('server_thread_cpu_ms_per_frame_median'), '.0f', 1e3)} | "
+            f"{cell(row.get('worker_loop_cpu_ms_per_frame_median'), '.0f', 1e3)} |"
         )
     return "\n".join(lines)
 
