@@ -9,6 +9,7 @@ shows too.
 """
 
 import functools
+import os
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from envs import atari_vector
 from helpers import collect, streams
 
 from rlcollect import AsyncBatchedCollector
+from rlcollect.transports import ProcessSlotTransport
 
 pytestmark = pytest.mark.slow
 
@@ -85,3 +87,24 @@ def test_each_env_stream_is_reproducible_though_results_come_in_any_order():
         assert n > 100
         for key in ("observation", "action", ("next", "reward"), ("next", "done")):
             assert torch.equal(a[i][key][:n], b[i][key][:n]), f"env {i} differs in {key}"
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_a_vector_worker_preempts_its_env_threads():
+    # Worker processes run as SCHED_BATCH, and the vector env's threads inherit it; the
+    # thread that feeds them actions goes back to the normal policy, so that it runs as
+    # soon as its actions arrive even when every core is stepping sub-envs.
+    transport = ProcessSlotTransport()
+    with AsyncBatchedCollector(
+        [functools.partial(atari_vector, "NextStep")],
+        FramePolicy(),
+        frames_per_batch=100,
+        total_frames=-1,
+        transport=transport,
+        policy_device="cpu",
+    ) as c:
+        next(iter(c))
+        pid = transport.pids[0]
+        policy = {int(t): os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+    assert policy.pop(pid) == os.SCHED_OTHER
+    assert len(policy) >= 2 and set(policy.values()) == {os.SCHED_BATCH}  # 2 env threads

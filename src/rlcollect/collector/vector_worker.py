@@ -48,6 +48,7 @@ Autoreset, by the vector env's mode:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -180,7 +181,29 @@ def _leaf(obs: Any, path: Path) -> Any:
 
 def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
     """Run the vector-env loop until the transport closes."""
+    _schedule_as_the_envs_driver()
     _VectorLoop(end, spec, envs).run()
+
+
+def _schedule_as_the_envs_driver() -> None:
+    """Put this thread back on the normal scheduling policy if it runs as ``SCHED_BATCH``.
+
+    Worker processes run as ``SCHED_BATCH`` (``transports/process_slots.py``: a woken
+    worker does not preempt the driver), and a vector env's threads, started after,
+    inherit it. This thread is what keeps those threads fed: when its actions arrive
+    with every core stepping sub-envs, as a batch task it would wait for one of them to
+    yield before it could ``send``, and the sub-envs whose actions it holds would idle
+    meanwhile. On the normal policy it preempts them on waking; they stay batch tasks.
+    """
+    get, set_ = getattr(os, "sched_getscheduler", None), getattr(os, "sched_setscheduler", None)
+    batch = getattr(os, "SCHED_BATCH", None)
+    if get is None or set_ is None or batch is None:
+        return  # not Linux: nothing was changed
+    try:
+        if get(0) == batch:
+            set_(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass  # refused (some sandboxes): the batch policy works, only slower
 
 
 class _VectorLoop:
