@@ -21,6 +21,9 @@ times, each series timed over ``--seconds``, for each split ``w``:
   alternates between them (two batches at the policy at once); compared with
   ``env_only[2w]`` and ``hand_loop[2w]``, added to the run if ``--splits`` lacks 2.
 
+``--policy noop`` replaces the network by action 0 in every series: what is left is the
+cost of moving data, the collector's overhead against the hand loop's.
+
 The target (issue 5): rlcollect at >= 0.9x ``env_only`` of the same configuration, and
 ahead of the hand loop. A collector is timed from ``--warmup`` seconds after its first
 batch. Ratios are taken within each repeat, then their median: to ``env_only`` and
@@ -149,7 +152,7 @@ def hand_loop(args: argparse.Namespace, device: torch.device, w: int) -> dict[st
     n, b, t = vector_config(args, w)
     envs = [make_atari_vector(n, b, t) for _ in range(w)]
     try:
-        policy = _policy(envs[0].single_action_space.n).to(device)
+        policy = _policy(envs[0].single_action_space.n, args.policy).to(device)
         act = GraphedStep(policy, b, device)
         for i, env in enumerate(envs):
             obs, _ = env.reset(seed=i)
@@ -182,7 +185,7 @@ def collector(
     )
     with AsyncBatchedCollector(
         fns,
-        _policy(6),
+        _policy(6, args.policy),
         frames_per_batch=args.frames_per_batch,
         total_frames=-1,
         transport=handle,
@@ -240,7 +243,17 @@ def _cpu_seconds(pids: list[int], server_tid: int) -> dict[str, float]:
     }
 
 
-def _policy(num_actions: int) -> torch.nn.Module:
+class NoOp(torch.nn.Module):
+    """Action 0 for every observation, as ``{"action": ...}`` like the Nature CNN: what is
+    left is the cost of moving data (``--policy noop``)."""
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"action": torch.zeros(obs.shape[0], dtype=torch.int64, device=obs.device)}
+
+
+def _policy(num_actions: int, kind: str) -> torch.nn.Module:
+    if kind == "noop":
+        return NoOp()
     torch.manual_seed(0)
     policy = NatureCNN(num_actions, FRAME)
     policy.requires_grad_(False)
@@ -370,6 +383,12 @@ def main() -> None:
     # faulting in fresh pages.
     parser.add_argument("--frames-per-batch", type=int, default=1024)
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument(
+        "--policy",
+        choices=["nature_cnn", "noop"],
+        default="nature_cnn",
+        help="noop: action 0, no network; what is left is the cost of moving data",
+    )
     parser.add_argument("--no-process", action="store_true", help="skip the worker-process series")
     parser.add_argument("--splits", default="1,4", help="vector envs the envs are divided into")
     parser.add_argument(
@@ -402,7 +421,11 @@ def main() -> None:
         "frames_per_batch": args.frames_per_batch,
         "device": str(device),
         "cuda_graph": device.type == "cuda",
-        "policy": "Nature CNN (84x84x4), Gumbel-max sampling",
+        "policy": (
+            "no-op (action 0)"
+            if args.policy == "noop"
+            else "Nature CNN (84x84x4), Gumbel-max sampling"
+        ),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
