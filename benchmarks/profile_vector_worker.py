@@ -68,6 +68,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--frames-per-batch", type=int, default=1024)
     p.add_argument("--switch-intervals", default="0.005,0.0005")
+    p.add_argument("--policy", choices=["nature_cnn", "noop"], default="nature_cnn")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     args.repeats = 1

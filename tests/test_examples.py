@@ -192,6 +192,20 @@ def test_atari_throughput_benchmark(tmp_path):
 
 
 @pytest.mark.slow
+def test_vector_worker_profile(tmp_path):
+    run(
+        "benchmarks/profile_vector_worker.py",
+        *("--envs", "4", "--batch", "2", "--threads", "1", "--switch-intervals", "0.005"),
+        *("--seconds", "0.5", "--warmup", "0.2", "--frames-per-batch", "64"),
+        *("--out", str(tmp_path)),
+    )
+    report = json.loads((tmp_path / "profile_vector_worker.json").read_text())
+    steps = report["thread-1x switch=0.005"]["worker_us_per_batch"]
+    assert steps["act"] > 0 and steps["receive"] > 0 and steps["wait_response"] > 0
+    assert report["env_only"]["fps"] > 0 and report["hand_loop"]["fps"] > 0
+
+
+@pytest.mark.slow
 def test_worker_splits_benchmark(tmp_path):
     out_file = tmp_path / "splits.json"
     run(
