@@ -22,7 +22,9 @@ times, each series timed over ``--seconds``, for each split ``w``:
   ``env_only[2w]`` and ``hand_loop[2w]``, added to the run if ``--splits`` lacks 2.
 
 ``--policy noop`` replaces the network by action 0 in every series: what is left is the
-cost of moving data, the collector's overhead against the hand loop's.
+cost of moving data, the collector's overhead against the hand loop's. ``--env-nice N``
+runs the vector envs' C++ threads at niceness ``N`` in every series, the threads that
+drive them (the hand loop's, the collector's) at their own.
 
 The target (issue 5): rlcollect at >= 0.9x ``env_only`` of the same configuration, and
 ahead of the hand loop. A collector is timed from ``--warmup`` seconds after its first
@@ -99,7 +101,7 @@ def env_only(args: argparse.Namespace, w: int) -> dict[str, float]:
     procs = [
         ctx.Process(
             target=step_vector_env_randomly,
-            args=(n, b, t, args.warmup, args.seconds, start, counts[i]),
+            args=(n, b, t, args.warmup, args.seconds, start, counts[i], args.env_nice),
         )
         for i in range(w)
     ]
@@ -150,7 +152,7 @@ class GraphedStep:
 def hand_loop(args: argparse.Namespace, device: torch.device, w: int) -> dict[str, float]:
     """One thread visiting ``w`` vector envs in turn: recv, the graphed network, send."""
     n, b, t = vector_config(args, w)
-    envs = [make_atari_vector(n, b, t) for _ in range(w)]
+    envs = [make_atari_vector(n, b, t, args.env_nice) for _ in range(w)]
     try:
         policy = _policy(envs[0].single_action_space.n, args.policy).to(device)
         act = GraphedStep(policy, b, device)
@@ -179,7 +181,8 @@ def collector(
     (each process's main thread) and the whole processes (the env's C++ threads too).
     """
     n, b, t = vector_config(args, w)
-    fns: list[Callable[[], Any]] = [functools.partial(make_atari_vector, n, b, t)] * w
+    make = functools.partial(make_atari_vector, n, b, t, args.env_nice)
+    fns: list[Callable[[], Any]] = [make] * w
     handle: ProcessSlotTransport | str = (
         ProcessSlotTransport() if transport == "process_slots" else transport
     )
@@ -389,6 +392,12 @@ def main() -> None:
         default="nature_cnn",
         help="noop: action 0, no network; what is left is the cost of moving data",
     )
+    parser.add_argument(
+        "--env-nice",
+        type=int,
+        default=0,
+        help="niceness of the vector envs' C++ threads in every series (Linux; 0: unchanged)",
+    )
     parser.add_argument("--no-process", action="store_true", help="skip the worker-process series")
     parser.add_argument("--splits", default="1,4", help="vector envs the envs are divided into")
     parser.add_argument(
@@ -419,6 +428,7 @@ def main() -> None:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "frames_per_batch": args.frames_per_batch,
+        "env_nice": args.env_nice,
         "device": str(device),
         "cuda_graph": device.type == "cuda",
         "policy": (

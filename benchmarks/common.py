@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from importlib import metadata
 from typing import Any
@@ -40,14 +41,44 @@ def make_cartpole() -> gym.Env:
 ENVS = {"cartpole": make_cartpole, "pong": make_pong}
 
 
-def make_atari_vector(num_envs: int, batch_size: int, num_threads: int) -> gym.vector.VectorEnv:
+def make_atari_vector(
+    num_envs: int, batch_size: int, num_threads: int, nice: int = 0
+) -> gym.vector.VectorEnv:
     """ale-py's AtariVectorEnv: Pong, 84x84 grayscale, 4 stacked frames, frameskip 4;
-    driven with send/recv when ``batch_size < num_envs``."""
+    driven with send/recv when ``batch_size < num_envs``.
+
+    ``nice`` > 0 (Linux): the env's C++ threads run at that niceness, the caller's thread
+    keeps its own. A thread's niceness is its own on Linux and the threads it starts
+    inherit it, so the env is built in a short-lived thread that raised its niceness
+    first. An experiment for issue 5: do the collector's threads (the worker's loop, the
+    server, the consumer) lose time to sixteen busy env threads?"""
     from ale_py.vector_env import AtariVectorEnv
 
-    return AtariVectorEnv(
-        "pong", num_envs, batch_size=batch_size, num_threads=num_threads, stack_num=4
-    )
+    def build() -> gym.vector.VectorEnv:
+        return AtariVectorEnv(
+            "pong", num_envs, batch_size=batch_size, num_threads=num_threads, stack_num=4
+        )
+
+    if nice == 0:
+        return build()
+    built: list[gym.vector.VectorEnv] = []
+    failed: list[BaseException] = []
+
+    def build_niced() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            built.append(build())
+        except BaseException as exc:  # handed to the caller below
+            failed.append(exc)
+
+    builder = threading.Thread(target=build_niced, name="env-builder")
+    builder.start()
+    builder.join(timeout=120)
+    if failed:
+        raise failed[0]
+    if not built:
+        raise RuntimeError("building the AtariVectorEnv did not finish within 120 s")
+    return built[0]
 
 
 def step_vector_env_randomly(
@@ -58,13 +89,14 @@ def step_vector_env_randomly(
     seconds: float,
     start: Any,
     steps: Any,
+    nice: int = 0,
 ) -> None:
     """One process of the env-only ceiling: ``send``/``recv`` with random actions.
 
     Waits at ``start`` (a barrier shared with the other processes, so their timed windows
     overlap), then counts ``recv`` calls over ``seconds`` into ``steps`` (a shared int).
     Imports no torch: the process starts in a moment."""
-    env = make_atari_vector(num_envs, batch_size, num_threads)
+    env = make_atari_vector(num_envs, batch_size, num_threads, nice)
     try:
         env.reset(seed=0)
         rng = np.random.default_rng(0)

@@ -69,6 +69,7 @@ def main() -> None:
     p.add_argument("--frames-per-batch", type=int, default=1024)
     p.add_argument("--switch-intervals", default="0.005,0.0005")
     p.add_argument("--policy", choices=["nature_cnn", "noop"], default="nature_cnn")
+    p.add_argument("--env-nice", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     args.repeats = 1

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -173,9 +174,10 @@ def test_atari_throughput_benchmark(tmp_path):
         "benchmarks/atari_throughput.py",
         *("--envs", "4", "--batch", "2", "--threads", "1", "--repeats", "1"),
         *("--seconds", "0.5", "--warmup", "0.2", "--frames-per-batch", "64"),
-        *("--splits", "1,2", "--double-buffer", "--out", str(tmp_path)),
+        *("--splits", "1,2", "--double-buffer", "--env-nice", "5", "--out", str(tmp_path)),
     )
     result = json.loads((tmp_path / "atari_throughput.json").read_text())
+    assert result["config"]["env_nice"] == 5
     rows = result["summary"]
     for w in (1, 2):
         for name in ("env_only", "hand_loop", "rlcollect[thread-", "rlcollect[process_slots-"):
@@ -230,3 +232,29 @@ def test_tuning_sweep_quick(tmp_path):
         assert row["failures"] == 0, doc["runs"][first]
         assert row["frames_per_second"]["median"] > 0
         assert row["mean_batch_size"]["median"] >= 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_benchmark_vector_env_threads_run_at_the_niceness_asked():
+    """benchmarks/common.py's `nice`: the env's C++ threads niced, the caller's thread not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from common import make_atari_vector
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def niceness() -> dict[int, int]:
+        out = {}
+        for tid in Path("/proc/self/task").iterdir():
+            fields = (tid / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid.name)] = int(fields[16])  # stat field 19, counted after the name
+        return out
+
+    own = niceness()
+    env = make_atari_vector(4, 2, 2, nice=7)
+    try:
+        new = {tid: n for tid, n in niceness().items() if tid not in own}
+        assert new and set(new.values()) == {7}, new
+        assert niceness()[threading.get_native_id()] == own[threading.get_native_id()]
+    finally:
+        env.close()
