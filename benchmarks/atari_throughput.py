@@ -172,16 +172,24 @@ def hand_loop(args: argparse.Namespace, device: torch.device, w: int) -> dict[st
 
 
 def collector(
-    args: argparse.Namespace, device: torch.device, transport: str, w: int, one_worker: bool
+    args: argparse.Namespace,
+    device: torch.device,
+    transport: str,
+    w: int,
+    one_worker: bool,
+    factory: Callable[[], Any] | None = None,
+    on_window: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``w`` vector envs, one per worker (or all in ``one_worker``, alternating).
 
     Besides frames/s, where the CPU goes, per frame over the timed window: the driver
     process, its inference-server thread and, with worker processes, their Python loops
     (each process's main thread) and the whole processes (the env's C++ threads too).
+    ``factory`` replaces the vector env factory, ``on_window`` is called with ``"start"``
+    and ``"end"`` around the timed window (``benchmarks/profile_vector_worker.py``).
     """
     n, b, t = vector_config(args, w)
-    make = functools.partial(make_atari_vector, n, b, t, args.env_nice)
+    make = factory or functools.partial(make_atari_vector, n, b, t, args.env_nice)
     fns: list[Callable[[], Any]] = [make] * w
     handle: ProcessSlotTransport | str = (
         ProcessSlotTransport() if transport == "process_slots" else transport
@@ -205,6 +213,8 @@ def collector(
         server_tid = next(
             th.native_id for th in threading.enumerate() if th.name == "rlcollect-inference"
         )
+        if on_window is not None:
+            on_window("start")
         before = _cpu_seconds(pids, server_tid)
         frames, t0, c0 = 0, time.perf_counter(), time.process_time()
         server0 = c.stats()["server"]
@@ -212,6 +222,8 @@ def collector(
             frames += next(it).batch_size[0]
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         after = _cpu_seconds(pids, server_tid)
+        if on_window is not None:
+            on_window("end")
         server = c.stats()["server"]
     rows = server["rows"] - server0["rows"]
     batches = server["batches"] - server0["batches"]

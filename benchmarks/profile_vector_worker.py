@@ -1,10 +1,13 @@
 """Where a vector-env worker's time goes: its loop's steps timed, beside the hand loop.
 
-Runs ``benchmarks/atari_throughput.py``'s configuration with the thread transport and
-wraps the vector worker's steps (``act`` = send + recv, ``receive``, ``finish``,
-``request``, ``wait_response``, ``wait_slot``) in timers, so the critical path from a
-``recv`` returning to the next ``send`` can be read off per batch. The wrapping costs
-a few microseconds per call; the figures are for finding the cost, not for quoting
+Runs ``benchmarks/atari_throughput.py``'s configuration with one worker and wraps the
+vector worker's steps (``act`` = send + recv, ``receive``, ``finish``, ``request``,
+``wait_response``, ``wait_slot``, ``hand_over``) in timers
+(``benchmarks/vector_worker_timers.py``), so the critical path from a ``recv``
+returning to the next ``send`` can be read off per batch: a thread worker at each
+``--switch-intervals`` value, then a worker process (its env factory installs the
+timers there and reports their totals through a file). The wrapping costs a few
+microseconds per call; the figures are for finding the cost, not for quoting
 throughput (``atari_throughput.py`` does that)::
 
     python benchmarks/profile_vector_worker.py --envs 64 --batch 32 --threads 16 --out DIR
@@ -13,11 +16,11 @@ throughput (``atari_throughput.py`` does that)::
 from __future__ import annotations
 
 import argparse
-import collections
 import functools
 import json
 import sys
-import time
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,38 +28,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import atari_throughput as at
-
-import rlcollect.collector.vector_worker as vw
-
-TIMES: dict[str, float] = collections.defaultdict(float)
-CALLS: collections.Counter[str] = collections.Counter()
+import vector_worker_timers as timers
 
 
-def _wrap(f: Any, label: str) -> Any:
-    @functools.wraps(f)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return f(*args, **kwargs)
-        finally:
-            TIMES[label] += time.perf_counter() - t
-            CALLS[label] += 1
+class Marks:
+    """The timers' totals at the start and the end of a collector's timed window."""
 
-    return timed
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.read = read
+        self.at: dict[str, Any] = {}
 
+    def __call__(self, when: str) -> None:
+        self.at[when] = self.read()
 
-def instrument() -> None:
-    vw._VectorLoop.receive = _wrap(vw._VectorLoop.receive, "receive")  # type: ignore[method-assign]
-    vw._VectorLoop.finish = _wrap(vw._VectorLoop.finish, "finish")  # type: ignore[method-assign]
-    vw._VectorEnvDriver.act = _wrap(vw._VectorEnvDriver.act, "act")  # type: ignore[method-assign]
-    init = vw._VectorLoop.__init__
-
-    def patched(self: Any, end: Any, spec: Any, envs: Any) -> None:
-        init(self, end, spec, envs)
-        for name in ("wait_response", "wait_slot", "request", "hand_over"):
-            setattr(end, name, _wrap(getattr(end, name), name))
-
-    vw._VectorLoop.__init__ = patched  # type: ignore[method-assign]
+    def per_batch(self) -> dict[str, float]:
+        return timers.per_batch(self.at["start"], self.at["end"])
 
 
 def main() -> None:
@@ -74,21 +60,28 @@ def main() -> None:
     args = p.parse_args()
     args.repeats = 1
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    instrument()
+    timers.instrument()
     report: dict[str, Any] = {"config": vars(args)}
     report["env_only"] = at.env_only(args, 1)
     report["hand_loop"] = at.hand_loop(args, device, 1)
     for interval in [float(x) for x in args.switch_intervals.split(",")]:
         sys.setswitchinterval(interval)
-        TIMES.clear()
-        CALLS.clear()
-        result = at.collector(args, device, "thread", 1, one_worker=False)
-        total = max(CALLS["act"], 1)
-        result["worker_us_per_batch"] = {k: 1e6 * v / total for k, v in TIMES.items()}
-        result["worker_calls"] = dict(CALLS)
+        marks = Marks(timers.totals)
+        result = at.collector(args, device, "thread", 1, one_worker=False, on_window=marks)
+        result["worker_us_per_batch"] = marks.per_batch()
         report[f"thread-1x switch={interval}"] = result
         print(json.dumps({k: result[k] for k in ("fps", "worker_us_per_batch")}, indent=1))
     sys.setswitchinterval(0.005)
+    with tempfile.TemporaryDirectory() as reports:
+        n, b, t = at.vector_config(args, 1)
+        marks = Marks(functools.partial(timers.read_workers, reports))
+        factory = timers.TimedAtariVector(n, b, t, args.env_nice, reports)
+        result = at.collector(
+            args, device, "process_slots", 1, one_worker=False, factory=factory, on_window=marks
+        )
+        result["worker_us_per_batch"] = marks.per_batch()
+        report["process_slots-1x"] = result
+        print(json.dumps({k: result[k] for k in ("fps", "worker_us_per_batch")}, indent=1))
     print(json.dumps(report, indent=1, default=str))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
