@@ -90,11 +90,10 @@ def test_each_env_stream_is_reproducible_though_results_come_in_any_order():
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
-def test_a_vector_worker_preempts_its_env_threads_and_lowers_their_priority():
+def test_a_vector_worker_preempts_its_env_threads():
     # Worker processes run as SCHED_BATCH, and the vector env's threads inherit it; the
     # thread that feeds them actions goes back to the normal policy, so that it runs as
-    # soon as its actions arrive even when every core is stepping sub-envs, and the env's
-    # threads run 10 nice levels below it.
+    # soon as its actions arrive even when every core is stepping sub-envs.
     transport = ProcessSlotTransport()
     with AsyncBatchedCollector(
         [functools.partial(atari_vector, "NextStep")],
@@ -106,11 +105,6 @@ def test_a_vector_worker_preempts_its_env_threads_and_lowers_their_priority():
     ) as c:
         next(iter(c))
         pid = transport.pids[0]
-        tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        policy = {t: os.sched_getscheduler(t) for t in tasks}
-        nice = {t: os.getpriority(os.PRIO_PROCESS, t) for t in tasks}
+        policy = {int(t): os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
     assert policy.pop(pid) == os.SCHED_OTHER
     assert len(policy) >= 2 and set(policy.values()) == {os.SCHED_BATCH}  # 2 env threads
-    loop = nice.pop(pid)
-    assert loop == os.getpriority(os.PRIO_PROCESS, 0)  # the driver's niceness, unchanged
-    assert set(nice.values()) == {min(19, loop + 10)}

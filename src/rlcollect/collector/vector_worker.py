@@ -179,28 +179,14 @@ def _leaf(obs: Any, path: Path) -> Any:
     return obs
 
 
-def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], env_threads: set[int]) -> None:
-    """Run the vector-env loop until the transport closes. ``env_threads``: the threads
-    the envs' construction started (see :func:`threads_of_this_process`)."""
-    _schedule_as_the_envs_driver(env_threads)
+def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
+    """Run the vector-env loop until the transport closes."""
+    _schedule_as_the_envs_driver()
     _VectorLoop(end, spec, envs).run()
 
 
-# How much lower than the loop's the priority of a worker process's env threads is.
-_ENV_THREADS_NICENESS = 10
-
-
-def threads_of_this_process() -> set[int]:
-    """Native ids of this process's threads (empty where ``/proc`` is missing)."""
-    try:
-        return {int(t) for t in os.listdir("/proc/self/task")}
-    except OSError:
-        return set()
-
-
-def _schedule_as_the_envs_driver(env_threads: set[int]) -> None:
-    """In a worker process (it runs as ``SCHED_BATCH``): put this thread back on the
-    normal scheduling policy, and the vector envs' own threads at a lower priority.
+def _schedule_as_the_envs_driver() -> None:
+    """Put this thread back on the normal scheduling policy if it runs as ``SCHED_BATCH``.
 
     Worker processes run as ``SCHED_BATCH`` (``transports/process_slots.py``: a woken
     worker does not preempt the driver), and a vector env's threads, started after,
@@ -208,26 +194,16 @@ def _schedule_as_the_envs_driver(env_threads: set[int]) -> None:
     with every core stepping sub-envs, as a batch task it would wait for one of them to
     yield before it could ``send``, and the sub-envs whose actions it holds would idle
     meanwhile. On the normal policy it preempts them on waking; they stay batch tasks.
-    Their niceness, ``_ENV_THREADS_NICENESS`` above this thread's, shrinks their share
-    against the collector's threads (this loop, and the driver's server and consumer)
-    when every core is busy; with cores to spare it changes nothing.
     """
     get, set_ = getattr(os, "sched_getscheduler", None), getattr(os, "sched_setscheduler", None)
     batch = getattr(os, "SCHED_BATCH", None)
     if get is None or set_ is None or batch is None:
         return  # not Linux: nothing was changed
     try:
-        if get(0) != batch:
-            return  # a thread worker, in the driver's process: its scheduling is the user's
-        set_(0, os.SCHED_OTHER, os.sched_param(0))
-        niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + _ENV_THREADS_NICENESS)
+        if get(0) == batch:
+            set_(0, os.SCHED_OTHER, os.sched_param(0))
     except OSError:
-        return  # refused (some sandboxes): the batch policy works, only slower
-    for tid in env_threads:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, niceness)
-        except OSError:
-            pass  # the thread has ended, or the change was refused: the default works
+        pass  # refused (some sandboxes): the batch policy works, only slower
 
 
 class _VectorLoop:

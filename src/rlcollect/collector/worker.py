@@ -35,7 +35,7 @@ import numpy as np
 
 from rlcollect.collector.source import Source, describe
 from rlcollect.collector.spec import Path, WorkerSpec, observation_key
-from rlcollect.collector.vector_worker import threads_of_this_process, vector_loop
+from rlcollect.collector.vector_worker import vector_loop
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
 
@@ -79,7 +79,6 @@ def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
     """Run the worker loop until the transport closes (``ChannelClosed`` propagates)."""
     envs = []
     per_factory = spec.source.envs
-    before = threads_of_this_process() if spec.source.vector else set()
     for j, fn in enumerate(spec.env_fns):
         env_index = spec.env_offset + j * per_factory
         with _blame(env_index, "construction"):
@@ -88,7 +87,7 @@ def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
         envs.append(env)
     try:
         if spec.source.vector:
-            vector_loop(end, spec, envs, threads_of_this_process() - before)
+            vector_loop(end, spec, envs)
         else:
             _loop(end, spec, envs)
     finally:
