@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,6 +192,18 @@ def test_atari_throughput_benchmark(tmp_path):
         assert rows[series]["ratio_to_env_only_median"] > 0
     assert result["repeats_done"] == 1
     assert "| `rlcollect[thread-1w]` |" in out
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="gathers on a CUDA device")
+def test_gather_width_benchmark(tmp_path):
+    out = run(
+        "benchmarks/gather_width.py",
+        *("--rows", "16", "--batches", "4", "--iterations", "5", "--out", str(tmp_path)),
+    )
+    row = json.loads((tmp_path / "gather_width.json").read_text())["rows"][0]
+    assert row["batch"] == 4 and row["index_select_8B_fresh_us"] > 0
+    assert "| 4 |" in out
 
 
 @pytest.mark.slow

@@ -222,6 +222,52 @@ def test_gathering_on_the_device_matches_the_host_gather():
     assert np.array_equal(direct.run(10)[0][("logits",)], results[0][("logits",)])
 
 
+class Echo(torch.nn.Module):
+    """Returns its observation unchanged: the step's output is what it gathered."""
+
+    def forward(self, obs):
+        return {"action": obs.reshape(obs.shape[0], -1)[:, 0].long(), "echo": obs.clone()}
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "offset"),
+    [
+        ((4, 84, 84), np.uint8, 0),  # frame stacks
+        ((3,), np.float32, 0),  # 12-byte rows
+        ((3,), np.int16, 0),  # 6-byte rows
+        ((5,), np.uint8, 0),  # 5-byte rows
+        ((8,), np.uint8, 4),  # a ring that does not start on an 8-byte boundary
+    ],
+)
+def test_the_device_gather_reads_exact_rows_of_any_field(shape, dtype, offset):
+    import mmap
+
+    rows = 40
+    item = np.dtype(dtype)
+    row_bytes = int(np.prod(shape)) * item.itemsize
+    storage = mmap.mmap(-1, offset + rows * row_bytes)
+    ring = np.frombuffer(storage, dtype=dtype, offset=offset).reshape(rows, *shape)
+    ring[...] = np.random.default_rng(3).integers(0, 100, ring.shape).astype(dtype)
+    runner = PolicyRunner(Echo(), device=torch.device("cuda"), observation_paths=((),))
+    step = DeviceStep(
+        runner,
+        {(): Field(("observation",), shape, item)},
+        {
+            ("action",): Field(("action",), (), np.dtype(np.int64)),
+            ("echo",): Field(("echo",), shape, item),
+        },
+        16,
+        compile_options=None,
+        cuda_graph=True,
+    )
+    step.attach({(): ring})
+    assert step.gathers_on_device
+    flat = np.array([39, 0, 17, 16, 5, 38, 2])
+    out = step.run(step.load(flat))[0]
+    step.close()
+    assert np.array_equal(out[("echo",)], ring[flat])
+
+
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_the_process_backend_on_the_gpu(mode):
     with make("process_slots", DevicePolicy(), inference_backend="process", **MODES[mode]) as c:
