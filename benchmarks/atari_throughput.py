@@ -21,6 +21,8 @@ times, each series timed over ``--seconds``, for each split ``w``:
   alternates between them (two batches at the policy at once); compared with
   ``env_only[2w]`` and ``hand_loop[2w]``, added to the run if ``--splits`` lacks 2.
 
+``--no-thread`` and ``--no-process`` leave out the collector series of that worker
+kind (device time is short: one fewer series per repeat).
 ``--policy noop`` replaces the network by action 0 in every series: what is left is the
 cost of moving data, the collector's overhead against the hand loop's. ``--env-nice N``
 runs the vector envs' C++ threads at niceness ``N`` in every series, the threads that
@@ -67,16 +69,21 @@ FRAME = (84, 84)
 DOUBLE_BUFFERS = {"rlcollect[thread-2x]": "thread", "rlcollect[process_slots-2x]": "process_slots"}
 
 
-def series_names(splits: list[int], process: bool, double_buffer: bool) -> list[str]:
+def series_names(
+    splits: list[int], process: bool, double_buffer: bool, thread: bool = True
+) -> list[str]:
     names = []
     for w in splits:
-        names += [f"env_only[{w}w]", f"hand_loop[{w}w]", f"rlcollect[thread-{w}w]"]
+        names += [f"env_only[{w}w]", f"hand_loop[{w}w]"]
+        if thread:
+            names.append(f"rlcollect[thread-{w}w]")
         if process:
             names.append(f"rlcollect[process_slots-{w}w]")
     if double_buffer:
         if 2 not in splits:  # the double-buffer series' own configuration, for its ratios
             names += ["env_only[2w]", "hand_loop[2w]"]
-        names += [n for n, t in DOUBLE_BUFFERS.items() if process or t == "thread"]
+        kinds = {"thread": thread, "process_slots": process}
+        names += [n for n, t in DOUBLE_BUFFERS.items() if kinds[t]]
     return names
 
 
@@ -411,6 +418,7 @@ def main() -> None:
         help="niceness of the vector envs' C++ threads in every series (Linux; 0: unchanged)",
     )
     parser.add_argument("--no-process", action="store_true", help="skip the worker-process series")
+    parser.add_argument("--no-thread", action="store_true", help="skip the worker-thread series")
     parser.add_argument("--splits", default="1,4", help="vector envs the envs are divided into")
     parser.add_argument(
         "--double-buffer",
@@ -427,7 +435,7 @@ def main() -> None:
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the collector's server thread runs a CPU policy
 
-    names = series_names(splits, not args.no_process, args.double_buffer)
+    names = series_names(splits, not args.no_process, args.double_buffer, not args.no_thread)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     config = {
         "game": "pong",

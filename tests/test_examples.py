@@ -194,6 +194,24 @@ def test_atari_throughput_benchmark(tmp_path):
     assert "| `rlcollect[thread-1w]` |" in out
 
 
+def test_atari_throughput_series_can_leave_out_either_worker_kind():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import atari_throughput as at
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    both = at.series_names([1], process=True, double_buffer=True)
+    assert "rlcollect[thread-1w]" in both and "rlcollect[process_slots-2x]" in both
+    processes = at.series_names([1], process=True, double_buffer=True, thread=False)
+    assert [n for n in processes if n.startswith("rlcollect")] == [
+        "rlcollect[process_slots-1w]",
+        "rlcollect[process_slots-2x]",
+    ]
+    assert {"env_only[1w]", "hand_loop[1w]", "env_only[2w]", "hand_loop[2w]"} <= set(processes)
+    threads = at.series_names([1], process=False, double_buffer=False)
+    assert [n for n in threads if n.startswith("rlcollect")] == ["rlcollect[thread-1w]"]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="gathers on a CUDA device")
 def test_gather_width_benchmark(tmp_path):
