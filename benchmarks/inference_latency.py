@@ -16,8 +16,11 @@ Runs on a CUDA machine. Two parts, in one run:
    throughput of the same envs for the ratio.
 
 Writes ``inference_latency.json`` and ``inference_latency.png`` to ``--out``.
+``--latency-only`` runs part 1 alone, ``--modes`` a subset of its action steps (always
+beside the bare replay): what an A/B of the step between two source trees needs.
 
     python benchmarks/inference_latency.py --out benchmarks/results/h200
+    python benchmarks/inference_latency.py --latency-only --modes graph --out DIR
 """
 
 from __future__ import annotations
@@ -192,15 +195,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--frames", type=int, default=40_000)
     parser.add_argument("--envs", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--latency-only", action="store_true", help="part 1 alone")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("inference_latency.py needs a CUDA device")
 
-    latency = {mode: server_latency(mode, args.iters) for mode in MODES}
+    latency = {mode: server_latency(mode, args.iters) for mode in args.modes}
     latency["bare_graph"] = bare_graph_latency(args.iters)
     for mode, series in latency.items():
         print(mode, {s: f"{1e3 * v:.3f} ms" for s, v in series.items()}, flush=True)
 
+    if args.latency_only:
+        args.envs, args.repeats = [], 0
     env_only = {n: env_throughput([make_pong] * n, seconds=3.0) for n in args.envs}
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.repeats):
@@ -238,9 +245,13 @@ def main() -> None:
             "iters": args.iters,
             "repeats": args.repeats,
             "frames": args.frames,
+            "modes": args.modes,
+            "latency_only": args.latency_only,
         },
         "latency_seconds": {m: {str(s): v for s, v in d.items()} for m, d in latency.items()},
-        "graph_vs_bare_at_64": latency["graph"][64] / latency["bare_graph"][64],
+        "graph_vs_bare_at_64": (
+            latency["graph"][64] / latency["bare_graph"][64] if "graph" in latency else None
+        ),
         "env_only_fps": {str(n): v for n, v in env_only.items()},
         "collection": collection,
         "collection_graph_over_eager": {str(n): r for n, r in ratios.items()},

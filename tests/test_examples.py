@@ -224,6 +224,19 @@ def test_gather_width_benchmark(tmp_path):
     assert "| 4 |" in out
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_inference_latency_benchmark_latency_only(tmp_path):
+    run(
+        "benchmarks/inference_latency.py",
+        *("--latency-only", "--modes", "graph", "--iters", "3", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "inference_latency.json").read_text())
+    assert set(result["latency_seconds"]) == {"graph", "bare_graph"}
+    assert all(v > 0 for v in result["latency_seconds"]["graph"].values())
+    assert result["collection"] == {}
+
+
 @pytest.mark.slow
 def test_vector_worker_profile(tmp_path):
     run(

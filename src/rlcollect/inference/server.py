@@ -9,7 +9,9 @@ Each pass of its loop is a few named, timed phases::
     h2d      host → device copy               ┐
     forward  the policy (eager, compiled or   │ the action step (``step.py``); weights
              a CUDA graph replay)             │ never change during it
-    d2h      device → host copy of outputs    ┘
+    d2h      device → host copy of outputs    ┘ (with a CUDA graph and the gather on the
+                                                GPU, one replay holds all three, timed
+                                                as forward)
     scatter  actions and extra outputs, stamped with the weights version, written back
              into the requests' rows
     respond  each served request's worker is woken (one message per request)

@@ -33,7 +33,13 @@ chosen once, at construction:
       copied into the static input before every replay, so a policy that writes its
       input in place never reads a stale one; padding rows hold earlier observations,
       whose outputs are ignored. RNG draws inside a graph advance with every replay, so
-      a sampling policy stays random.
+      a sampling policy stays random. When the ring is page-locked, ``attach`` captures
+      a second graph per size that also holds the batch's index upload, the gather and
+      the outputs' copies down: a batch is then one replay, where each of those copies
+      would otherwise be a launch of its own from the server thread, and the GPU would
+      wait for each. The index buffer starts zeroed and its unused tail keeps earlier
+      batches' rows, so the padding rows a replay gathers are always rows of the ring.
+      Its copies are inside the replay, timed as part of ``forward``.
 
     Weights are updated in place (see ``InferenceServer.update_weights``), so captured
     graphs and compiled code keep reading the current weights.
@@ -155,7 +161,8 @@ class DeviceStep(ActionStep):
         self._device = device
         self._ring_views: dict[Path, torch.Tensor] = {}
         self._registered: list[int] = []
-        self._index_pin = torch.empty(cap, dtype=torch.int64, pin_memory=True)
+        # Zeroed: a padded replay of the whole-step graph gathers the unused tail too.
+        self._index_pin = torch.zeros(cap, dtype=torch.int64, pin_memory=True)
         self._index_np = self._index_pin.numpy()
         self._index_dev = torch.empty(cap, dtype=torch.int64, device=device)
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -174,6 +181,10 @@ class DeviceStep(ActionStep):
             step = torch.compile(runner.call, **compile_options)
         self._step = step
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[Key, torch.Tensor]]] = {}
+        # Per padded size, the graph of index upload + gather + step + outputs down
+        # (captured by attach when the ring is page-locked).
+        self._whole: dict[int, torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if cuda_graph else None
         with torch.cuda.stream(self._stream), torch.inference_mode():
             if compile_options is not None or cuda_graph:
                 for size in self.buckets:  # compiles each padded size now, not mid-collection
@@ -202,6 +213,9 @@ class DeviceStep(ActionStep):
                 return
             self._registered.append(ring.ctypes.data)
             self._ring_views[path] = view
+        if self._graphs:
+            self._index_np[:] = 0  # rows of this ring, whatever an earlier one held
+            self._capture_whole()
 
     def load(self, flat: np.ndarray) -> int:
         if not self._ring_views:
@@ -211,6 +225,7 @@ class DeviceStep(ActionStep):
         return n
 
     def close(self) -> None:
+        self._whole = {}  # they read the registered ring: never replayed past this point
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
         for ptr in self._registered:
             cudart.cudaHostUnregister(ptr)
@@ -230,17 +245,48 @@ class DeviceStep(ActionStep):
         return {path: t[:size] for path, t in self._device_in.items()}
 
     def _capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
         # Largest first, so the smaller graphs fit in the memory the largest reserved.
         for size in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self._stream):
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
                 out = self._step(self._inputs_of(size))
             self._graphs[size] = (graph, out)
+
+    def _whole_step(self, size: int) -> None:
+        """Index upload, gather, step and outputs down for ``size`` rows: what one
+        whole-step graph replays."""
+        self._copy_up(size)
+        out = self._step(self._inputs_of(size))
+        for key, dst in self._pinned_out.items():
+            dst[:size].copy_(out[key][:size], non_blocking=True)
+
+    def _capture_whole(self) -> None:
+        try:
+            with torch.cuda.stream(self._stream), torch.inference_mode():
+                self._whole_step(self.capacity)  # once uncaptured: the gather's first run
+                for size in reversed(self.buckets):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                        self._whole_step(size)
+                    self._whole[size] = graph
+            self._stream.synchronize()
+        except Exception as exc:
+            self.close()
+            raise ValueError(
+                "capturing the action step with its GPU-side gather as a CUDA graph "
+                f"failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def run(self, rows: int) -> tuple[dict[Key, np.ndarray], StepTimes]:
         e0, e1, e2, e3 = self._events
         size = self._bucket(rows) if self._pad else rows
+        whole = self._whole.get(size)
+        if whole is not None:
+            with torch.cuda.stream(self._stream):
+                whole.replay()
+                e3.record()
+            e3.synchronize()  # the one wait per batch
+            return {key: arr[:rows] for key, arr in self._out_np.items()}, (0.0, 0.0)
         with torch.cuda.stream(self._stream), torch.inference_mode():
             e0.record()
             self._copy_up(rows)
