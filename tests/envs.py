@@ -73,13 +73,15 @@ def pendulum():
     return gym.make("Pendulum-v1")
 
 
-def counting_vector(first, n, autoreset_mode="NextStep"):
-    """CountingEnvs ``first … first + n - 1`` in a gymnasium SyncVectorEnv."""
+def counting_vector(first, n, autoreset_mode="NextStep", copy=True):
+    """CountingEnvs ``first … first + n - 1`` in a gymnasium SyncVectorEnv (with
+    ``copy=False`` each step's observations overwrite the last one's array)."""
     import functools
 
     return gym.vector.SyncVectorEnv(
         [functools.partial(CountingEnv, first + j) for j in range(n)],
         autoreset_mode=autoreset_mode,
+        copy=copy,
     )
 
 

@@ -66,6 +66,17 @@ def test_sync_vector_envs_give_whole_streams(transport, mode, envs_per_worker):
     assert set(data["env_index"].unique().tolist()) == set(range(12))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_vector_env_reusing_its_result_arrays_gives_whole_streams(transport, mode):
+    # SyncVectorEnv(copy=False) writes each step's observations, and in Disabled mode
+    # its partial resets, into the array the last step returned: nothing of a result
+    # may be read after the env is next stepped or reset.
+    fns = [functools.partial(counting_vector, 3 * i, 3, mode, copy=False) for i in range(2)]
+    _, data = run(fns, transport, envs_per_worker=2, frames_per_batch=60, total_frames=1200)
+    check_counting_streams(data)
+    assert set(data["env_index"].unique().tolist()) == set(range(6))
+
+
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
 @pytest.mark.parametrize(
     ("envs_per_worker", "sub_envs", "batch"), [(1, 4, 2), (2, 4, 1), (2, 5, 3)]

@@ -271,6 +271,9 @@ class _VectorLoop:
         fin_done = fin_cols[done[finishing]]
         staged = leaves
         if fin_done.size and driver.mode is AutoresetMode.DISABLED:
+            # Kept: the reset may write into the arrays the step returned (SyncVectorEnv
+            # with copy=False does), and these hold the final observations.
+            leaves = [leaf.copy() for leaf in leaves]
             staged = self._reset_finished(driver, fin_done, cols, leaves)
         # Stage into each env's other cell and send the request, then finish the
         # transitions from the cells of the step before while the server works.
@@ -313,7 +316,7 @@ class _VectorLoop:
         out = []
         for i, path in enumerate(self.paths):
             fresh = self._checked(driver, _leaf(new, path), self.obs_keys[i], len(ids))
-            leaf = leaves[i].copy()  # leaves[i] may be the vector env's own buffer
+            leaf = leaves[i].copy()  # leaves[i] keeps the final observations
             leaf[row_of[driver.base + ids[reset_rows]]] = fresh[reset_rows]
             out.append(leaf)
         return out
