@@ -51,8 +51,8 @@ def instrument() -> None:
     vw._VectorEnvDriver.act = _wrap(vw._VectorEnvDriver.act, "act")  # type: ignore[method-assign]
     init = vw._VectorLoop.__init__
 
-    def patched(self: Any, end: Any, spec: Any, envs: Any) -> None:
-        init(self, end, spec, envs)
+    def patched(self: Any, end: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, end, *args, **kwargs)  # whatever else the loop takes
         for name in ("wait_response", "wait_slot", "request", "hand_over"):
             setattr(end, name, _wrap(getattr(end, name), name))
 
