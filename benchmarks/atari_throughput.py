@@ -23,6 +23,10 @@ times, each series timed over ``--seconds``, for each split ``w``:
 
 ``--no-thread`` and ``--no-process`` leave out the collector series of that worker
 kind (device time is short: one fewer series per repeat).
+``--hold-us 150,300`` adds ``hand_loop[Ww+150us]`` and ``hand_loop[Ww+300us]``: the hand
+loop holding each batch that much longer between ``recv`` and ``send`` (spinning, as a
+busy thread would): how the env's throughput falls with the time its sub-envs wait for
+their actions, to set beside the collector's longer cycle.
 ``--policy noop`` replaces the network by action 0 in every series: what is left is the
 cost of moving data, the collector's overhead against the hand loop's. ``--env-nice N``
 runs the vector envs' C++ threads at niceness ``N`` in every series, the threads that
@@ -70,11 +74,16 @@ DOUBLE_BUFFERS = {"rlcollect[thread-2x]": "thread", "rlcollect[process_slots-2x]
 
 
 def series_names(
-    splits: list[int], process: bool, double_buffer: bool, thread: bool = True
+    splits: list[int],
+    process: bool,
+    double_buffer: bool,
+    thread: bool = True,
+    holds_us: tuple[int, ...] = (),
 ) -> list[str]:
     names = []
     for w in splits:
         names += [f"env_only[{w}w]", f"hand_loop[{w}w]"]
+        names += [f"hand_loop[{w}w+{hold}us]" for hold in holds_us]
         if thread:
             names.append(f"rlcollect[thread-{w}w]")
         if process:
@@ -90,8 +99,14 @@ def series_names(
 def split_of(name: str) -> int:
     """The split ``w`` of a series name: the vector envs its configuration divides the
     envs into (the double-buffer series: 2, in one worker)."""
-    found = re.search(r"(\d+)[wx]\]$", name)
+    found = re.search(r"(\d+)[wx](\+\d+us)?\]$", name)
     return int(found.group(1)) if found else 1
+
+
+def hold_of(name: str) -> float:
+    """Seconds a ``hand_loop[Ww+Nus]`` series holds each batch beyond its own work."""
+    found = re.search(r"\+(\d+)us\]$", name)
+    return int(found.group(1)) * 1e-6 if found else 0.0
 
 
 def vector_config(args: argparse.Namespace, w: int) -> tuple[int, int, int]:
@@ -156,8 +171,11 @@ class GraphedStep:
         return self.host_out.numpy()
 
 
-def hand_loop(args: argparse.Namespace, device: torch.device, w: int) -> dict[str, float]:
-    """One thread visiting ``w`` vector envs in turn: recv, the graphed network, send."""
+def hand_loop(
+    args: argparse.Namespace, device: torch.device, w: int, hold: float = 0.0
+) -> dict[str, float]:
+    """One thread visiting ``w`` vector envs in turn: recv, the graphed network, send;
+    with ``hold`` (seconds), each batch's actions are sent that much later (a spin)."""
     n, b, t = vector_config(args, w)
     envs = [make_atari_vector(n, b, t, args.env_nice) for _ in range(w)]
     try:
@@ -169,7 +187,12 @@ def hand_loop(args: argparse.Namespace, device: torch.device, w: int) -> dict[st
 
         def step() -> None:
             for env in envs:
-                env.send(act(env.recv()[0]))
+                actions = act(env.recv()[0])
+                if hold:
+                    until = time.perf_counter() + hold
+                    while time.perf_counter() < until:
+                        pass
+                env.send(actions)
 
         rounds = _timed(step, args.warmup, args.seconds)
     finally:
@@ -295,7 +318,7 @@ def _timed(step: Callable[[], None], warmup: float, seconds: float) -> int:
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    hand_loops = [name for name in runs if name.startswith("hand_loop")]
+    hand_loops = [name for name in runs if name.startswith("hand_loop") and not hold_of(name)]
     out = {}
     for name, reps in runs.items():
         w = split_of(name)
@@ -421,6 +444,11 @@ def main() -> None:
     parser.add_argument("--no-thread", action="store_true", help="skip the worker-thread series")
     parser.add_argument("--splits", default="1,4", help="vector envs the envs are divided into")
     parser.add_argument(
+        "--hold-us",
+        default="",
+        help="comma-separated microseconds: hand-loop series holding each batch that longer",
+    )
+    parser.add_argument(
         "--double-buffer",
         action="store_true",
         help=f"add {list(DOUBLE_BUFFERS)} (2 vector envs, 1 worker)",
@@ -435,7 +463,10 @@ def main() -> None:
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the collector's server thread runs a CPU policy
 
-    names = series_names(splits, not args.no_process, args.double_buffer, not args.no_thread)
+    holds = tuple(int(x) for x in args.hold_us.split(",") if x)
+    if any(h <= 0 for h in holds):
+        parser.error(f"--hold-us takes positive microseconds, got {args.hold_us!r}")
+    names = series_names(splits, not args.no_process, args.double_buffer, not args.no_thread, holds)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     config = {
         "game": "pong",
@@ -449,6 +480,7 @@ def main() -> None:
         "repeats": args.repeats,
         "frames_per_batch": args.frames_per_batch,
         "env_nice": args.env_nice,
+        "hold_us": list(holds),
         "device": str(device),
         "cuda_graph": device.type == "cuda",
         "policy": (
@@ -466,7 +498,7 @@ def main() -> None:
             if name.startswith("env_only"):
                 result = env_only(args, w)
             elif name.startswith("hand_loop"):
-                result = hand_loop(args, device, w)
+                result = hand_loop(args, device, w, hold_of(name))
             elif name in DOUBLE_BUFFERS:
                 result = collector(args, device, DOUBLE_BUFFERS[name], 2, one_worker=True)
             else:

@@ -210,6 +210,10 @@ def test_atari_throughput_series_can_leave_out_either_worker_kind():
     assert {"env_only[1w]", "hand_loop[1w]", "env_only[2w]", "hand_loop[2w]"} <= set(processes)
     threads = at.series_names([1], process=False, double_buffer=False)
     assert [n for n in threads if n.startswith("rlcollect")] == ["rlcollect[thread-1w]"]
+    held = at.series_names([1, 2], process=False, double_buffer=False, holds_us=(150, 300))
+    assert "hand_loop[2w+300us]" in held and "hand_loop[1w+150us]" in held
+    assert at.split_of("hand_loop[2w+300us]") == 2 and at.hold_of("hand_loop[2w+300us]") == 3e-4
+    assert at.hold_of("hand_loop[2w]") == 0.0 and at.split_of("rlcollect[process_slots-2x]") == 2
 
 
 @pytest.mark.cuda
