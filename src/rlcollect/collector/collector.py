@@ -46,13 +46,12 @@ from rlcollect.inference.step import build_action_step
 from rlcollect.replay.buffer import ReplayBuffer
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import ServerEnd, Transport
-from rlcollect.transports.layout import Field, RingLayout, Staging
+from rlcollect.transports.layout import Field, Path, RingLayout, Staging
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
 
 __all__ = ["AsyncBatchedCollector"]
 
-Path = tuple[str, ...]
 _TRANSPORTS: dict[str, Callable[[], Transport]] = {
     "thread": ThreadQueueTransport,
     "process_slots": ProcessSlotTransport,

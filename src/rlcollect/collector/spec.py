@@ -14,11 +14,9 @@ from typing import Any
 import numpy as np
 
 from rlcollect.collector.source import Source
-from rlcollect.transports.layout import Field, Key
+from rlcollect.transports.layout import Field, Key, Path
 
 __all__ = ["Path", "WorkerSpec", "observation_key", "transition_fields"]
-
-Path = tuple[str, ...]
 
 
 def observation_key(path: Path, *, nxt: bool = False) -> Key:

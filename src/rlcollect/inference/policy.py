@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from rlcollect.transports.layout import Field, Key
+from rlcollect.transports.layout import Field, Key, Path
 
 __all__ = ["PolicyRunner"]
 
@@ -26,8 +26,6 @@ __all__ = ["PolicyRunner"]
 RESERVED_KEYS = frozenset(
     {"observation", "next", "env_index", "episode", "step", "policy_version", "staged"}
 )
-
-Path = tuple[str, ...]
 
 
 class PolicyRunner:

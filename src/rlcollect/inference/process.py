@@ -66,12 +66,11 @@ import torch
 from rlcollect.errors import InferenceError, RemoteTraceback
 from rlcollect.inference.backend import InferenceBackend
 from rlcollect.inference.server import BatchingConfig
-from rlcollect.transports.layout import Field, Key, RingLayout
+from rlcollect.transports.layout import Field, Key, Path, RingLayout
 from rlcollect.transports.process_slots import RequestChannel, attach_segment, unlink_segment
 
 __all__ = ["InferenceConfig", "ProcessInference", "WeightsLayout"]
 
-Path = tuple[str, ...]
 _CHILD = "from rlcollect.inference.process import _inference_main; _inference_main()"
 _ALIGN = 64
 _STOP_WAIT = 5.0  # seconds for the inference process to exit once told

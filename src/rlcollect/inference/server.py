@@ -49,7 +49,6 @@ from rlcollect.transports.layout import Key, RingLayout, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
 
-Path = tuple[str, ...]
 _IDLE_WAIT = 0.05  # seconds between checks of the stop flag when no request comes
 PHASES = ("wait", "gather", "h2d", "forward", "d2h", "scatter", "respond")
 _LATENCIES = 1 << 14  # request latencies kept for the percentiles (a ring)

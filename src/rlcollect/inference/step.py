@@ -55,13 +55,12 @@ import numpy as np
 import torch
 
 from rlcollect.inference.policy import PolicyRunner
-from rlcollect.transports.layout import Field, Key
+from rlcollect.transports.layout import Field, Key, Path
 
 # The strategies themselves (ActionStep, HostStep, DeviceStep) are the inference
 # server's business; users build one with build_action_step and hand it over.
 __all__ = ["build_action_step"]
 
-Path = tuple[str, ...]
 #: Seconds one call of ``run`` spent copying host→device and device→host (GPU timers).
 StepTimes = tuple[float, float]
 _WARMUP_CALLS = 3

@@ -49,6 +49,11 @@ Key = tuple[str, ...]
 The ring's arrays (``RingLayout.views``, an end's ``buffers``) are keyed by it.
 """
 
+Path = tuple[str, ...]
+"""Where a leaf sits inside one observation: the names of the ``Dict`` spaces above it,
+``()`` for a plain array observation. Its ring key is ``("observation", *path)``.
+"""
+
 #: First name of every staged array's key; ``(STAGED, "rows")`` is the request index.
 STAGED = "staged"
 
