@@ -25,8 +25,9 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   ``p``. Sending and receiving are a write and a read on a socket, which the kernel
   orders like a lock release and acquire: the server sees every byte written before
   the message. The server writes the actions at ``p``, then sends "go"; the worker
-  reads them after receiving it. A worker has one request outstanding at most, so no
-  one else touches those cells meanwhile.
+  reads them after receiving it. A worker's outstanding requests (at most
+  ``layout.groups``) name cells no other one names, so no one else touches those cells
+  meanwhile.
 * A worker fills a whole slot, sends ``("chunk", slot)`` on ``chunks`` and does not
   touch that slot again until it receives a "go" on ``chunks``, which the driver sends
   once it has copied the slot out. ``chunks`` starts with one "go" per slot.
@@ -267,6 +268,10 @@ class PipeServerEnd(ServerEnd):
 
 class PipeTransport(Transport):
     """Worker processes (``spawn``), the ring in a ``RawArray``, messages on ``Pipe``s."""
+
+    # Programs travel pickled: the collector checks every env factory with cloudpickle
+    # before anything starts.
+    pickles_programs = True
 
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")

@@ -156,7 +156,7 @@ def test_error_in_the_with_block_keeps_the_background_error_as_a_note(transport)
     c = failing_collector(transport, 2, failing=1, fail_at=(0, 1))
     with pytest.raises(KeyError) as info, c:
         c.start()
-        wait_until(lambda: c._finished.is_set(), what="background collection to fail")
+        wait_until(lambda: c.background_done, what="background collection to fail")
         raise KeyError("the caller's own error")
     assert any("background collection had failed too" in n for n in info.value.__notes__)
 

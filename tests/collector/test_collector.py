@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md section 2, on every transport, with real gymnasium envs."""
+"""The guarantees (docs/architecture.md), on every transport, with real gymnasium envs."""
 
 import functools
 import gc

@@ -1,4 +1,4 @@
-"""Vector envs as env sources: the invariants of DESIGN.md section 2 for their sub-envs.
+"""Vector envs as env sources: the guarantees (docs/architecture.md) for their sub-envs.
 
 Gymnasium's SyncVectorEnv (stepped whole, every autoreset mode) and
 rlcollect.testing.CountingVectorEnv (send/recv returning an arbitrary subset of

@@ -30,15 +30,15 @@ def process_collector(policy=None, **kwargs):
 
 
 def check_backend_gone(c):
-    backend = c._server
+    backend = c.server
     wait_until(lambda: process_gone(backend.pid), what="the inference process to exit")
-    assert not shm_exists(backend._shm_name)
+    assert not shm_exists(backend.shm_name)
     check_clean(c)
 
 
 def test_streams_and_budget():
     with process_collector(total_frames=640, frames_per_batch=64) as c:
-        assert c._server.pid != os.getpid()
+        assert c.server.pid != os.getpid()
         batches = list(c)
     assert [b.batch_size[0] for b in batches] == [64] * 10
     assert c.stats()["server"]["rows"] >= 640  # the final figures outlive the process
@@ -56,7 +56,7 @@ def test_many_updates_in_flight_land_in_order():
         next(c)
         versions = [c.update_policy_weights_(policy) for _ in range(50)]
         assert versions == list(range(1, 51))
-        assert c._server.wait_applied(50, timeout=30)
+        assert c.server.wait_applied(50, timeout=30)
         data = collect(next(c) for _ in range(5))
     assert int(data["policy_version"].max()) == 50
     check_backend_gone(c)
@@ -103,7 +103,7 @@ def test_policy_error_reaches_the_caller_with_its_traceback():
 def test_a_killed_inference_process_reaches_the_caller():
     c = process_collector(total_frames=-1)
     next(c)
-    os.kill(c._server.pid, signal.SIGKILL)
+    os.kill(c.server.pid, signal.SIGKILL)
     with pytest.raises(InferenceError, match="died"):
         for _ in c:
             pass
@@ -159,7 +159,7 @@ sys.path.insert(0, {tests!r})
 from helpers import counting_collector
 c = counting_collector("process_slots", inference_backend="process", total_frames=-1)
 next(c)
-print(c.transport.shm_name, c._server._shm_name, c._server.pid, *c.transport.pids, flush=True)
+print(c.transport.shm_name, c.server.shm_name, c.server.pid, *c.transport.pids, flush=True)
 sys.stdin.read()
 """
 

@@ -9,12 +9,14 @@ can still change, which is why it holds one chunk back per worker:
   worker's next chunk arrives (the ring has three slots per worker instead of two, so
   the worker never waits for it). Chunks of one worker are copied in order, as before.
 * When the worker fails, the transport first returns every chunk it handed over, then
-  raises its failure. The held chunk then holds the last transition of each of its
-  envs that will ever be delivered: the collector marks each one that did not end its
-  episode ``truncated`` (so ``done``), copies the chunk, and drops the rest.
-* The new worker rebuilds and resets the envs (reseeded with ``seed + num_envs *
-  r + env`` at the worker's ``r``-th restart) and numbers their episodes on from the held chunk's
-  (``episode + 1``), starting at step 0. Every env's stream therefore stays whole: no
+  raises its failure (``Transport.restart_worker``'s contract; the transports' side of a
+  restart is told in ``transports/generations.py``). The held chunk then holds the last
+  transition of each of its envs that will ever be delivered: the collector marks each
+  one that did not end its episode ``truncated`` (so ``done``), copies the chunk, and
+  drops the rest.
+* The new worker rebuilds and resets the envs (reseeded with ``seed + num_envs * r +
+  env`` at the worker's ``r``-th restart) and numbers their episodes on from the held
+  chunk's (``episode + 1``), starting at step 0. Every env's stream therefore stays whole: no
   gap, no duplicate, each episode ending with ``done``; the transitions of the dropped
   slot are never counted, and ``frames_per_batch`` and ``total_frames`` stay exact.
 

@@ -1,71 +1,85 @@
-"""Where the inference server runs, and how new weights reach it: the weight sync scheme.
+"""Starting an inference backend: the only place that knows ``"thread"`` and ``"process"``.
 
-A backend owns one running :class:`~rlcollect.inference.InferenceServer` and the path
-that weights take to it. The collector talks to it through this small interface only:
-
-``"thread"`` (:class:`~rlcollect.inference.InferenceServer` itself)
-    The server is a thread of the driver process; weights are copied into the served
-    policy in place, under the lock the server holds around each forward.
-``"process"`` (:class:`~rlcollect.inference.process.ProcessInference`)
-    The server runs in a process of its own, so the learner's Python threads never
-    compete with it for the driver's GIL; weights travel through shared memory,
-    versioned (see that module for the protocol).
-
-Either way an update lands between two batches, never during one, and every transition
-carries the version of the weights that chose its action.
+Both backends serve the same server (:func:`build_server`), built from the same
+:class:`~rlcollect.inference.process.InferenceConfig`: in this process
+(``"thread"``), or in a process of its own that reads the workers' requests through the
+transport's :class:`~rlcollect.transports.base.RequestChannel` (``"process"``).
+What each backend is: ``inference/base.py``.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from rlcollect.errors import InferenceError
+from rlcollect.inference.base import InferenceBackend
+from rlcollect.inference.policy import PolicyRunner
+from rlcollect.inference.process import InferenceConfig, ProcessInference
+from rlcollect.inference.server import InferenceServer
+from rlcollect.inference.step import build_action_step
+from rlcollect.transports.base import RequestEnd, ServerEnd, Transport
 
-__all__ = ["InferenceBackend"]
+__all__ = ["build_server", "start_backend"]
 
 
-class InferenceBackend(ABC):
-    """A running inference server and its weight sync scheme."""
+def build_server(
+    policy: torch.nn.Module, config: InferenceConfig, end: RequestEnd
+) -> InferenceServer:
+    """The server for ``policy`` (already on ``config.device``), not started yet: the
+    action step is built (compiled, captured) here."""
+    device = torch.device(config.device)
+    runner = PolicyRunner(policy, device=device, observation_paths=config.observation_paths)
+    step = build_action_step(
+        runner,
+        dict(config.observations),
+        dict(config.outputs),
+        capacity=config.capacity,
+        compile_options=config.compile_options,
+        cuda_graph=config.cuda_graph,
+    )
+    return InferenceServer(
+        runner,
+        step,
+        end,
+        layout=config.layout,
+        batching=config.batching,
+        output_keys=frozenset(key for key, _ in config.outputs),
+    )
 
-    @property
-    @abstractmethod
-    def policy_version(self) -> int:
-        """Version of the newest weights handed over: 0 at start, +1 per update."""
 
-    @property
-    @abstractmethod
-    def error(self) -> InferenceError | None:
-        """Why the server stopped serving, or None while it is healthy."""
+def start_backend(
+    kind: str,
+    config: InferenceConfig,
+    *,
+    served: torch.nn.Module | None,
+    policy_source: Any,
+    policy_is_factory: bool,
+    transport: Transport,
+    end: ServerEnd,
+) -> InferenceBackend:
+    """Start the ``kind`` backend serving ``end``'s workers; returns once it serves.
 
-    @abstractmethod
-    def start(self) -> None:
-        """Start serving requests."""
-
-    @abstractmethod
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Hand over new weights; they are applied between two batches.
-
-        Returns the new :attr:`policy_version`. Raises KeyError or ValueError, before
-        anything changes, when the names or shapes do not match the served policy's.
-        """
-
-    @abstractmethod
-    def pause(self, timeout: float) -> None:
-        """Return once the server holds between two batches; raises InferenceError if it
-        does not get there within ``timeout`` seconds."""
-
-    @abstractmethod
-    def resume(self) -> None:
-        """Let a paused server go on."""
-
-    @abstractmethod
-    def stop(self) -> None:
-        """Stop serving and free what the server holds. Idempotent; never hangs."""
-
-    @abstractmethod
-    def stats(self) -> dict[str, Any]:
-        """Batches, batch sizes, time per phase and request latency (see the server)."""
+    ``"thread"`` serves ``served`` in this process; ``"process"`` sends
+    ``policy_source`` (a policy, or a factory when ``policy_is_factory``) to a process of
+    its own, which takes the transport's request channel over.
+    """
+    backend: InferenceBackend
+    if kind == "thread":
+        assert served is not None
+        backend = build_server(served, config, end)
+    elif kind == "process":
+        backend = ProcessInference(
+            transport.request_channel(),
+            config,
+            policy_source,
+            policy_is_factory=policy_is_factory,
+        )
+    else:
+        raise ValueError(f"unknown inference backend {kind!r}")
+    try:
+        backend.start()
+    except BaseException:  # Ctrl-C included: nothing it started outlives the call
+        backend.stop()
+        raise
+    return backend

@@ -13,16 +13,17 @@
     │ status thread ◀──────────────┼── status ─────┤  ("applied", v) / errors / stats  │
     └──────────────────────────────┘               └──────────────────────────────────┘
 
-Workers talk to the inference process directly (it reads the transport's requests pipe
-and writes its response pipes: :class:`~rlcollect.transports.process_slots.RequestChannel`),
-so the learner's threads in the driver never hold up a batch by holding the GIL.
+Workers talk to the inference process directly (it serves the transport's request side,
+handed over as a :class:`~rlcollect.transports.base.RequestChannel`), so the learner's
+threads in the driver never hold up a batch by holding the GIL. The process is started,
+handed its header and policy, and stopped with :mod:`rlcollect.processes`, which also
+says how the weights segment is created and unlinked.
 
 The weights protocol (who writes what, in what order, why it is safe):
 
-* The driver creates the weights segment (owner-only, a random name): two slots, each
-  holding every tensor of the policy's ``state_dict`` at a fixed offset. Only the driver
-  writes slots; only the inference process reads them. Both unlink it when they are
-  done (unlinking a removed name is harmless), so a driver killed outright leaves none.
+* The weights segment has two slots, each holding every tensor of the policy's
+  ``state_dict`` at a fixed offset. Only the driver writes slots; only the inference
+  process reads them. Both unlink it when they are done.
 * Update ``v`` (1, 2, ...) goes into slot ``v % 2``. That slot last held version
   ``v - 2``, so the driver first waits for the ``("applied", v - 2)`` message: after it,
   the inference process never reads that slot again. Then it copies the tensors in and
@@ -44,14 +45,10 @@ pipe reaches end-of-file, which is also what happens when the driver dies.
 
 from __future__ import annotations
 
-import _posixshmem
 import mmap
 import os
-import pickle
-import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -64,10 +61,21 @@ import numpy as np
 import torch
 
 from rlcollect.errors import InferenceError, RemoteTraceback
-from rlcollect.inference.backend import InferenceBackend
-from rlcollect.inference.server import BatchingConfig
+from rlcollect.inference.base import InferenceBackend
+from rlcollect.inference.server import BatchingConfig, check_weights
+from rlcollect.processes import (
+    attach_segment,
+    child_env,
+    create_segment,
+    describe_exit,
+    read_handoff,
+    spawn,
+    stop_processes,
+    unlink_segment,
+    wait_exit,
+)
+from rlcollect.transports.base import RequestChannel
 from rlcollect.transports.layout import Field, Key, Path, RingLayout
-from rlcollect.transports.process_slots import RequestChannel, attach_segment, unlink_segment
 
 __all__ = ["InferenceConfig", "ProcessInference", "WeightsLayout"]
 
@@ -141,7 +149,7 @@ class ProcessInference(InferenceBackend):
     """Runs the inference server in a dedicated process (``inference_backend="process"``).
 
     Args:
-        channel: the request side of a started process-slot transport.
+        channel: the request side of a started transport (its ``request_channel()``).
         config: how to build the server there.
         policy: a cloudpickle-able policy (``policy_is_factory=False``) or a
             zero-argument callable that builds it there.
@@ -178,17 +186,7 @@ class ProcessInference(InferenceBackend):
         self._control: Connection | None = None
         self._stopped = False
         self._send_lock = threading.Lock()
-        self._shm_name = "rlcw_" + secrets.token_hex(12)
-        size = 2 * config.weights.slot_bytes
-        fd = _posixshmem.shm_open("/" + self._shm_name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            self._weights = mmap.mmap(fd, size)
-        except BaseException:
-            unlink_segment(self._shm_name)
-            raise
-        finally:
-            os.close(fd)
+        self._shm_name, self._weights = create_segment("rlcw_", 2 * config.weights.slot_bytes)
 
     # ------------------------------------------------------------------ interface
 
@@ -205,6 +203,11 @@ class ProcessInference(InferenceBackend):
         """Process id of the inference process (None before :meth:`start`)."""
         return None if self._proc is None else self._proc.pid
 
+    @property
+    def shm_name(self) -> str:
+        """Name of the weights segment (under ``/dev/shm``)."""
+        return self._shm_name
+
     def start(self) -> None:
         """Start the inference process; returns once it serves (after any compile or
         capture), or raises what stopped it."""
@@ -218,25 +221,18 @@ class ProcessInference(InferenceBackend):
             status_w,
             self._is_factory,
         )
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        fds = (control_r, status_w, self._channel.requests_fd, *self._channel.response_fds)
+        fds = (control_r, status_w, *self._channel.pass_fds)
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, pass_fds=fds, env=env
-            )
+            self._proc = spawn(_CHILD, header, self._payload, pass_fds=fds, env=child_env())
+        except BaseException:
+            os.close(control_w)
+            os.close(status_r)
+            raise
         finally:
             os.close(control_r)
             os.close(status_w)
         self._control = Connection(control_w)
         status = Connection(status_r)
-        assert self._proc.stdin is not None
-        try:
-            self._proc.stdin.write(pickle.dumps(header))
-            self._proc.stdin.write(self._payload)
-            self._proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at once; the status pipe says how
         self._reader = threading.Thread(
             target=self._read_status, args=(status,), name="rlcollect-inference-status", daemon=True
         )
@@ -253,20 +249,7 @@ class ProcessInference(InferenceBackend):
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         layout = self._config.weights
-        names = [e[0] for e in layout.entries]
-        missing = set(names) - set(state_dict)
-        unexpected = set(state_dict) - set(names)
-        if missing or unexpected:
-            raise KeyError(
-                f"weights do not match the policy: missing {sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
-        for name, shape, _, _ in layout.entries:
-            if tuple(state_dict[name].shape) != shape:
-                raise ValueError(
-                    f"weight {name!r} has shape {tuple(state_dict[name].shape)}, the "
-                    f"policy's has {shape}"
-                )
+        check_weights(state_dict, {name: shape for name, shape, _, _ in layout.entries})
         self._raise_error()
         version = self._version + 1
         with self._cond:  # the slot is free once version - 2 is applied
@@ -319,11 +302,7 @@ class ProcessInference(InferenceBackend):
         if self._control is not None:
             self._control.close()  # end-of-file: the inference process exits
         if self._proc is not None:
-            try:
-                self._proc.wait(_STOP_WAIT)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(_STOP_WAIT)
+            stop_processes([self._proc], _STOP_WAIT)
         if self._reader is not None:
             self._reader.join(_STOP_WAIT)
         self._weights.close()
@@ -377,11 +356,14 @@ class ProcessInference(InferenceBackend):
                     self._cond.notify_all()
         finally:
             status.close()
+            code = None
+            if self._proc is not None and self._error is None and not self._stopped:
+                code = wait_exit(self._proc, _STOP_WAIT)  # its pipe closed: it is exiting
             with self._cond:
                 if self._error is None and not self._stopped:
-                    code = None if self._proc is None else self._proc.poll()
+                    how = describe_exit(code, "status pipe")
                     self._error = InferenceError(
-                        f"the inference process (pid {self.pid}) died: exit code {code}"
+                        f"the inference process (pid {self.pid}) died: {how}"
                     )
                 self._cond.notify_all()
 
@@ -394,43 +376,23 @@ def _inference_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
     import cloudpickle
 
-    from rlcollect.inference.policy import PolicyRunner
-    from rlcollect.inference.server import InferenceServer
-    from rlcollect.inference.step import build_action_step
-    from rlcollect.transports.process_slots import open_request_end
+    # Imported here, not at the top: backend.py imports this module.
+    from rlcollect.inference.backend import build_server
 
-    stdin = sys.stdin.buffer
-    header: _Header = pickle.load(stdin)
+    header: _Header
+    header, payload = read_handoff()
     status = Connection(header.status_fd)
     control = Connection(header.control_fd)
     cfg = header.config
     server = None
     try:
-        loaded = cloudpickle.loads(stdin.read())
+        loaded = cloudpickle.loads(payload)
         policy: torch.nn.Module = loaded() if header.policy_is_factory else loaded
         if not isinstance(policy, torch.nn.Module):
             raise TypeError(f"the policy factory returned a {type(policy).__name__}, not a Module")
-        device = torch.device(cfg.device)
-        policy = policy.to(device)
+        policy = policy.to(torch.device(cfg.device))
         policy.requires_grad_(False)
-        runner = PolicyRunner(policy, device=device, observation_paths=cfg.observation_paths)
-        step = build_action_step(
-            runner,
-            dict(cfg.observations),
-            dict(cfg.outputs),
-            capacity=cfg.capacity,
-            compile_options=cfg.compile_options,
-            cuda_graph=cfg.cuda_graph,
-        )
-        end = open_request_end(header.channel)
-        server = InferenceServer(
-            runner,
-            step,
-            end,
-            layout=cfg.layout,
-            batching=cfg.batching,
-            output_keys=frozenset(key for key, _ in cfg.outputs),
-        )
+        server = build_server(policy, cfg, header.channel.open())
         weights = attach_segment(header.weights_shm, 2 * cfg.weights.slot_bytes)
         server.start()
         status.send(("ready",))

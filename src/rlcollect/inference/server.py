@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from rlcollect.errors import ChannelClosed, InferenceError
-from rlcollect.inference.backend import InferenceBackend
+from rlcollect.inference.base import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import RequestEnd
@@ -283,19 +283,7 @@ class InferenceServer(InferenceBackend):
             ValueError: before changing anything, if a shape does not match.
         """
         target = self._runner.policy.state_dict(keep_vars=True)
-        missing = set(target) - set(state_dict)
-        unexpected = set(state_dict) - set(target)
-        if missing or unexpected:
-            raise KeyError(
-                f"weights do not match the policy: missing {sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
-        for name, value in state_dict.items():
-            if tuple(value.shape) != tuple(target[name].shape):
-                raise ValueError(
-                    f"weight {name!r} has shape {tuple(value.shape)}, the policy's has "
-                    f"{tuple(target[name].shape)}"
-                )
+        check_weights(state_dict, {name: tuple(t.shape) for name, t in target.items()})
         with self._weights_lock, torch.no_grad():
             for name, value in state_dict.items():
                 target[name].copy_(value)
@@ -448,3 +436,25 @@ class InferenceServer(InferenceBackend):
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
+
+
+def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Check new weights against the policy's ``shapes`` by name, before anything changes
+    (both inference backends).
+
+    Raises:
+        KeyError: a name missing, or one the policy lacks.
+        ValueError: a weight of another shape.
+    """
+    missing = set(shapes) - set(state_dict)
+    unexpected = set(state_dict) - set(shapes)
+    if missing or unexpected:
+        raise KeyError(
+            f"weights do not match the policy: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    for name, value in state_dict.items():
+        if tuple(value.shape) != shapes[name]:
+            raise ValueError(
+                f"weight {name!r} has shape {tuple(value.shape)}, the policy's has {shapes[name]}"
+            )

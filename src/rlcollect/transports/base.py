@@ -33,10 +33,11 @@ away: worker waits raise :class:`~rlcollect.errors.ChannelClosed` once the drive
 closes or dies, and :meth:`ServerEnd.wait_chunks` raises
 :class:`~rlcollect.errors.WorkerError` once a worker has failed or died.
 
-A transport may also restart a failed worker (:meth:`Transport.restart_worker`, for the
-collector's ``max_worker_restarts``): the new worker shares the old one's request and
-response channels, so requests carry the worker's generation and responses echo it
-(``transports/generations.py``).
+Optional capabilities, each a class attribute of :class:`Transport`: restarting a failed
+worker (``supports_restart``; the protocol is in ``transports/generations.py``), running
+workers in other processes (``pickles_programs``), and handing the request side to an
+inference server in another process (``supports_request_channel``,
+:class:`RequestChannel`).
 """
 
 from __future__ import annotations
@@ -162,9 +163,7 @@ class RequestEnd(ABC):
     """The request side of the driver's end: what an inference server uses.
 
     A :class:`ServerEnd` is one; a transport may also hand its request side to a server
-    in another process as a request end of its own (as
-    :class:`~rlcollect.transports.process_slots.ProcessSlotTransport` does for the
-    collector's ``inference_backend="process"``).
+    in another process, which opens a request end of its own (:class:`RequestChannel`).
 
     Examples:
         Answering the requests of CountingEnv workers with the action each env's own
@@ -213,6 +212,32 @@ class RequestEnd(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Stop the exchange: every wait on both ends ends promptly. Idempotent, any thread."""
+
+
+class RequestChannel(ABC):
+    """A started transport's request side, described for a server in another process.
+
+    :meth:`Transport.request_channel` hands one out; the collector's
+    ``inference_backend="process"`` (:class:`~rlcollect.inference.process.ProcessInference`)
+    sends it, cloudpickled, to its inference process, which inherits the descriptors of
+    :attr:`pass_fds` under the same numbers and calls :meth:`open` there. Once a channel
+    is handed out, the driver's :class:`ServerEnd` no longer serves requests (it still
+    takes chunks). :class:`~rlcollect.transports.process_slots.ProcessSlotTransport`'s
+    channel is one.
+    """
+
+    @property
+    @abstractmethod
+    def pass_fds(self) -> tuple[int, ...]:
+        """Descriptors the serving process must inherit, under the same numbers."""
+
+    @abstractmethod
+    def open(self) -> RequestEnd:
+        """The request end, in the serving process.
+
+        Raises:
+            FileNotFoundError: the driver has already closed the transport.
+        """
 
 
 class ServerEnd(RequestEnd):
@@ -327,6 +352,12 @@ class Transport(ABC):
 
     #: Whether :meth:`restart_worker` is implemented (``max_worker_restarts`` needs it).
     supports_restart: ClassVar[bool] = False
+    #: Whether workers run in other processes, so programs (env factories included)
+    #: travel pickled: the collector then checks every env factory with cloudpickle first.
+    pickles_programs: ClassVar[bool] = False
+    #: Whether :meth:`request_channel` is implemented (``inference_backend="process"``
+    #: needs it).
+    supports_request_channel: ClassVar[bool] = False
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Replace failed worker ``worker`` by a new one running ``program``.
@@ -350,6 +381,21 @@ class Transport(ABC):
         raise CollectorError(
             f"{type(self).__name__} cannot restart workers (its supports_restart is False): "
             f"worker {worker} stays failed; use max_worker_restarts=0 with this transport"
+        )
+
+    def request_channel(self) -> RequestChannel:
+        """Hand the request side to a server in another process (see
+        :class:`RequestChannel`); the driver's end stops serving requests. Transports
+        that implement it set :attr:`supports_request_channel`.
+
+        Raises:
+            CollectorError: the transport cannot (``supports_request_channel`` is False),
+                or is not running.
+        """
+        raise CollectorError(
+            f"{type(self).__name__} cannot hand its request side to another process (its "
+            "supports_request_channel is False); use inference_backend='thread' with this "
+            "transport"
         )
 
 

@@ -21,6 +21,11 @@ worker reads an action only after the answer to its own request, which comes aft
 every stale one. (Should a stale request name the very cells of one of the new
 worker's in the same batch, both rows were gathered from those cells, that is from
 the new worker's observation, so the answer written last is a right one.)
+
+The rest of a restart is told where it is implemented: what any transport must do in
+``Transport.restart_worker`` (``base.py``), the pipes and processes in
+``process_slots.py``, the chunk marker in ``thread_queue.py``, and how the collector
+keeps every env's stream whole in ``collector/restarts.py``.
 """
 
 from __future__ import annotations

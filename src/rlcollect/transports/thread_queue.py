@@ -13,11 +13,10 @@ the GIL (native vector envs), which then run at native speed without any process
 boundary. ``None`` in a queue means "closed": it is put back after being read so that
 every later wait sees it too.
 
-Restarts (``restart_worker``): a request token carries the worker's generation in its
-worker field and a response token echoes it (``generations.py``), so a new worker skips
-answers to its predecessor's requests. A failing worker puts ``(worker, -1)`` on the
-chunks queue after every chunk it handed over; the consumer raises the failure once it
-reaches that marker, so no chunk handed over before the failure is lost.
+Restarts (``restart_worker``; the generation tags are ``generations.py``'s): a failing
+worker puts ``(worker, -1)`` on the chunks queue after every chunk it handed over, and
+the consumer raises the failure only once it reaches that marker, so no chunk handed
+over before the failure is lost.
 """
 
 from __future__ import annotations

@@ -1,0 +1,195 @@
+"""The collector's argument checks: each one names the argument and what is wrong with it.
+
+Pure functions over the constructor's arguments; :func:`~rlcollect.collector.plan.plan_collection`
+calls them in a fixed order (the order of the messages in ``docs/failures.md``). None of
+them builds an env or a policy: that is ``probe.py``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+
+from rlcollect.collector.source import Source
+from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.transports.base import Transport
+from rlcollect.transports.process_slots import ProcessSlotTransport
+from rlcollect.transports.thread_queue import ThreadQueueTransport
+
+__all__ = [
+    "BACKENDS",
+    "check_int",
+    "check_env_fns",
+    "check_picklable",
+    "chunk_steps_of",
+    "compile_options_of",
+    "device_of",
+    "make_transport",
+    "policy_source",
+    "splits_of",
+    "throttle_of",
+]
+
+_TRANSPORTS: dict[str, Callable[[], Transport]] = {
+    "thread": ThreadQueueTransport,
+    "process_slots": ProcessSlotTransport,
+}
+BACKENDS = ("thread", "process")
+_AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
+
+
+def check_int(name: str, value: Any, *, minimum: int, extra: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(
+            f"{name} must be an int >= {minimum}{' ' + extra if extra else ''}, got {value!r}"
+        )
+
+
+def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
+    if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence):
+        raise TypeError(
+            "env_fns must be a sequence of zero-argument callables returning gymnasium "
+            f"envs; got {type(env_fns).__name__}"
+        )
+    if not env_fns:
+        raise ValueError("env_fns is empty: give at least one env factory")
+    for i, fn in enumerate(env_fns):
+        if not callable(fn):
+            raise TypeError(f"env_fns[{i}] is a {type(fn).__name__}, not a callable")
+    return list(env_fns)
+
+
+def policy_source(policy: Any, factory: Any, backend: Any, transport: Transport) -> Any:
+    """Check the policy arguments against the backend; returns what builds the policy."""
+    if (policy is None) == (factory is None):
+        raise TypeError("give exactly one of policy and policy_factory")
+    if factory is not None and not callable(factory):
+        raise TypeError(
+            f"policy_factory must be a zero-argument callable, got {type(factory).__name__}"
+        )
+    if backend not in BACKENDS:
+        raise ValueError(f"inference_backend must be one of {list(BACKENDS)}, got {backend!r}")
+    source: Any = policy if policy is not None else factory
+    if backend == "process":
+        if not transport.supports_request_channel:
+            raise ValueError(
+                "inference_backend='process' needs transport='process_slots': the inference "
+                "process serves the workers through their shared-memory ring"
+            )
+        what = "policy" if policy is not None else "policy_factory"
+        try:
+            cloudpickle.dumps(source)
+        except Exception as exc:
+            raise TypeError(
+                f"{what} cannot be pickled for the inference process ({type(exc).__name__}: "
+                f"{exc}); make it picklable or use inference_backend='thread'"
+            ) from exc
+    return source
+
+
+def throttle_of(
+    ratio: Any, learning_starts: Any, replay_buffer: Any
+) -> tuple[float, ReplayBuffer] | None:
+    """The checked ``(train_ratio, buffer)`` collection waits on, or None (unthrottled)."""
+    if ratio is None:
+        if learning_starts != 0:
+            raise ValueError("learning_starts only applies with a train_ratio; pass train_ratio=")
+        return None
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+        raise ValueError(
+            f"train_ratio must be a number > 0 (rows sampled per row collected), got {ratio!r}"
+        )
+    if not math.isfinite(ratio):
+        raise ValueError(f"train_ratio must be finite, got {ratio!r}")
+    check_int("learning_starts", learning_starts, minimum=0)
+    if not isinstance(replay_buffer, ReplayBuffer):
+        raise TypeError(
+            "train_ratio needs replay_buffer= to be an rlcollect.ReplayBuffer, which counts "
+            f"the rows the learner samples; got {type(replay_buffer).__name__}"
+        )
+    return float(ratio), replay_buffer
+
+
+def chunk_steps_of(
+    chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int, source: Source
+) -> int:
+    """Steps of each env per chunk, from ``transition_chunk_size`` (transitions)."""
+    if chunk == "auto":
+        return max(1, min(_AUTO_CHUNK_CAP, fpb // num_envs))
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f'transition_chunk_size must be "auto" or an int >= 1, got {chunk!r}')
+    worker_envs = envs_per_worker * source.envs
+    if chunk % worker_envs:
+        what = f"envs_per_worker={envs_per_worker}"
+        if source.vector:
+            what = f"the {worker_envs} envs of a worker ({what}, {source.sub_envs} sub-envs each)"
+        raise ValueError(
+            f"transition_chunk_size={chunk} is not a multiple of {what}: a chunk holds the "
+            "same number of steps of every env of a worker"
+        )
+    return chunk // worker_envs
+
+
+def splits_of(worker_splits: int | None, envs_per_worker: int, source: Source) -> int:
+    """Request groups per worker: ``worker_splits``, or its default."""
+    if source.vector:
+        if worker_splits not in (None, envs_per_worker):
+            raise ValueError(
+                f"worker_splits={worker_splits}, but with vector envs each of a worker's "
+                f"envs_per_worker={envs_per_worker} vector envs is a group of its own: "
+                "leave worker_splits at None or set it to envs_per_worker"
+            )
+        return envs_per_worker
+    # Default 1: on the 2-core development machine, with the policy on the CPU, splitting
+    # never paid (docs/tuning.md, worker_splits).
+    return 1 if worker_splits is None else worker_splits
+
+
+def make_transport(transport: str | Transport) -> Transport:
+    if isinstance(transport, Transport):
+        return transport
+    if isinstance(transport, str) and transport in _TRANSPORTS:
+        return _TRANSPORTS[transport]()
+    raise ValueError(
+        f"transport must be one of {sorted(_TRANSPORTS)} or a Transport instance, got {transport!r}"
+    )
+
+
+def check_picklable(env_fns: list[Callable[[], Any]]) -> None:
+    for i, fn in enumerate(env_fns):
+        try:
+            cloudpickle.dumps(fn)
+        except Exception as exc:
+            raise TypeError(
+                f"env_fns[{i}] cannot be pickled for a worker process ({type(exc).__name__}: "
+                f"{exc}); make the factory picklable or use transport='thread'"
+            ) from exc
+
+
+def device_of(policy_device: str | torch.device | None) -> torch.device:
+    if policy_device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(policy_device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"policy_device {policy_device!r} is not a torch device") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"policy_device={policy_device!r}, but CUDA is not available here")
+    return device
+
+
+def compile_options_of(compile: Any) -> dict[str, Any] | None:
+    if compile is False:
+        return None
+    if compile is True:
+        return {}
+    if isinstance(compile, Mapping):
+        return dict(compile)
+    raise ValueError(
+        f"compile must be True, False or a dict of torch.compile options, got {compile!r}"
+    )

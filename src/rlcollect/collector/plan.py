@@ -1,0 +1,257 @@
+"""The collection plan: every decision the collector makes before it starts anything.
+
+:func:`plan_collection` checks the constructor's arguments (``checks.py``, in a fixed
+order), builds env 0 and runs the policy once (``probe.py``), lays the ring out from
+what it learned, writes one :class:`~rlcollect.collector.spec.WorkerSpec` per worker and
+the configuration the inference backend is built from. The :class:`Plan` it returns is
+frozen and has started nothing: no worker, no thread, no shared memory. The collector
+(``collector.py``) starts the parts from it.
+
+Names, one meaning each (``docs/architecture.md`` has the picture):
+
+* ``envs_per_worker``: env *factories* per worker (the argument);
+  ``RingLayout.envs_per_worker`` / :attr:`Plan.worker_envs`: the envs a worker *steps*,
+  its ring columns (``envs_per_worker`` times the sub-envs of a vector env).
+* ``worker_splits`` (the argument) is ``RingLayout.groups``: request groups per worker.
+* ``transition_chunk_size`` counts *transitions* per chunk (all of a worker's envs);
+  ``chunk_steps`` counts *steps of each env* per chunk:
+  ``transition_chunk_size == chunk_steps * worker_envs``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from gymnasium import spaces
+
+from rlcollect.collector import checks
+from rlcollect.collector.probe import (
+    build_policy,
+    observation_fields,
+    probe_policy,
+    probe_source,
+    served_policy,
+)
+from rlcollect.collector.restarts import RESTART_SLOTS
+from rlcollect.collector.source import Source
+from rlcollect.collector.spec import WorkerSpec, transition_fields
+from rlcollect.collector.worker import run_worker
+from rlcollect.inference.policy import PolicyRunner, output_fields
+from rlcollect.inference.process import InferenceConfig, WeightsLayout
+from rlcollect.inference.server import BatchingConfig
+from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.sink import SupportsExtend
+from rlcollect.transports.base import Transport, WorkerProgram
+from rlcollect.transports.layout import RingLayout, Staging
+
+__all__ = ["Plan", "plan_collection"]
+
+_SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to start, decided once. Starts nothing; holds no resource but the served
+    policy (thread backend) and the transport object (not yet started)."""
+
+    num_envs: int
+    frames_per_batch: int
+    total_frames: int
+    transport: Transport
+    source: Source
+    layout: RingLayout
+    specs: tuple[WorkerSpec, ...]
+    device: torch.device
+    backend: str  # "thread" | "process"
+    inference: InferenceConfig
+    #: The policy served in this process (``backend == "thread"``), else None.
+    served: torch.nn.Module | None
+    #: What the inference process builds the policy from (``backend == "process"``).
+    policy_source: Any
+    policy_is_factory: bool
+    replay_buffer: SupportsExtend | None
+    throttle: tuple[float, ReplayBuffer] | None  # (train_ratio, the buffer that counts)
+    learning_starts: int
+    max_worker_restarts: int
+
+    @property
+    def worker_envs(self) -> int:
+        """Envs each worker steps (its ring columns)."""
+        return self.layout.envs_per_worker
+
+    @property
+    def transition_chunk_size(self) -> int:
+        """Transitions per worker message."""
+        return self.layout.chunk_steps * self.layout.envs_per_worker
+
+    def programs(self) -> list[WorkerProgram]:
+        """What each worker runs."""
+        return [functools.partial(run_worker, spec=spec) for spec in self.specs]
+
+
+def plan_collection(
+    env_fns: Sequence[Callable[[], Any]],
+    policy: torch.nn.Module | None,
+    *,
+    policy_factory: Callable[[], torch.nn.Module] | None,
+    frames_per_batch: int,
+    total_frames: int,
+    transport: str | Transport,
+    envs_per_worker: int,
+    worker_splits: int | None,
+    transition_chunk_size: int | str,
+    max_batch_size: int | None,
+    min_batch_size: int,
+    batch_timeout: float,
+    policy_device: str | torch.device | None,
+    compile: bool | Mapping[str, Any],
+    cuda_graph: bool,
+    inference_backend: str,
+    replay_buffer: SupportsExtend | None,
+    train_ratio: float | None,
+    learning_starts: int,
+    seed: int | None,
+    max_worker_restarts: int,
+) -> Plan:
+    """Check the collector's arguments, probe env 0 and the policy, and lay out the run
+    (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
+    env_fns = checks.check_env_fns(env_fns)
+    checks.check_int("frames_per_batch", frames_per_batch, minimum=1)
+    if total_frames != -1:
+        checks.check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
+    checks.check_int("envs_per_worker", envs_per_worker, minimum=1)
+    if len(env_fns) % envs_per_worker:
+        raise ValueError(
+            f"{len(env_fns)} envs cannot be split into workers of envs_per_worker="
+            f"{envs_per_worker}; use a divisor of the number of envs"
+        )
+    if worker_splits is not None:
+        checks.check_int("worker_splits", worker_splits, minimum=1, extra="or None")
+        if envs_per_worker % worker_splits:
+            raise ValueError(
+                f"worker_splits={worker_splits} does not divide envs_per_worker="
+                f"{envs_per_worker}: a worker's envs split into equal groups"
+            )
+    if seed is not None:
+        checks.check_int("seed", seed, minimum=0, extra="or None")
+    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+        raise TypeError(
+            f"replay_buffer must have an extend(tensordict) method; got "
+            f"{type(replay_buffer).__name__}"
+        )
+    throttle = checks.throttle_of(train_ratio, learning_starts, replay_buffer)
+    transport_obj = checks.make_transport(transport)
+    if transport_obj.pickles_programs:
+        checks.check_picklable(env_fns)
+    device = checks.device_of(policy_device)
+    compile_options = checks.compile_options_of(compile)
+    if not isinstance(cuda_graph, bool):
+        raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
+    if device.type != "cuda" and (compile_options is not None or cuda_graph):
+        raise ValueError(
+            f"compile and cuda_graph need a CUDA policy_device; the policy runs on {device}"
+        )
+    source_of_policy = checks.policy_source(
+        policy, policy_factory, inference_backend, transport_obj
+    )
+    checks.check_int("max_worker_restarts", max_worker_restarts, minimum=0)
+    if max_worker_restarts and not transport_obj.supports_restart:
+        raise ValueError(
+            f"max_worker_restarts={max_worker_restarts}, but the transport "
+            f"{type(transport_obj).__name__} cannot restart workers (supports_restart "
+            "is False)"
+        )
+
+    source = probe_source(env_fns[0])
+    if max_worker_restarts and source.vector:
+        raise ValueError(
+            "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
+            "chunks do not hold every sub-env's last transition to end its episode at"
+        )
+    splits = checks.splits_of(worker_splits, envs_per_worker, source)
+    num_envs = len(env_fns) * source.envs
+    worker_envs = envs_per_worker * source.envs
+    chunk_steps = checks.chunk_steps_of(
+        transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
+    )
+    batching = BatchingConfig(
+        max_batch_size=num_envs if max_batch_size is None else max_batch_size,
+        min_batch_size=min_batch_size,
+        batch_timeout=batch_timeout,
+    )
+    paths, obs_fields = observation_fields(source.observation_space)
+    if policy is not None:
+        served = served_policy(policy, device, own=False)
+    else:
+        served = served_policy(build_policy(source_of_policy), device, own=True)
+    runner = PolicyRunner(served, device=device, observation_paths=paths)
+    action_field, extra_fields = output_fields(
+        probe_policy(runner, source.observation_space, paths), source.action_space
+    )
+    staging = None
+    if source.vector:
+        staged = (*(f.key for f in obs_fields), action_field.key)
+        staged += (*(f.key for f in extra_fields), ("policy_version",))
+        staging = Staging(keys=staged, columns=source.batch_size)
+    slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
+    num_workers = len(env_fns) // envs_per_worker
+    layout = RingLayout(
+        fields=transition_fields(obs_fields, action_field, extra_fields),
+        num_workers=num_workers,
+        envs_per_worker=worker_envs,
+        chunk_steps=chunk_steps,
+        slots=slots,
+        groups=splits,
+        staging=staging,
+    )
+    outputs = {f.key: f for f in (action_field, *extra_fields)}
+    inference = InferenceConfig(
+        device=str(device),
+        observation_paths=paths,
+        observations=tuple(zip(paths, obs_fields, strict=True)),
+        outputs=tuple(outputs.items()),
+        layout=layout,
+        batching=batching,
+        capacity=max(batching.max_batch_size, layout.request_columns),
+        compile_options=compile_options,
+        cuda_graph=cuda_graph,
+        weights=WeightsLayout.of(served.state_dict()),
+    )
+    specs = tuple(
+        WorkerSpec(
+            env_fns=tuple(env_fns[w * envs_per_worker : (w + 1) * envs_per_worker]),
+            env_offset=w * worker_envs,
+            seed=seed,
+            chunk_steps=chunk_steps,
+            slots=slots,
+            source=source,
+            observation_paths=paths,
+            discrete_actions=isinstance(source.action_space, spaces.Discrete),
+            groups=splits,
+        )
+        for w in range(num_workers)
+    )
+    return Plan(
+        num_envs=num_envs,
+        frames_per_batch=frames_per_batch,
+        total_frames=total_frames,
+        transport=transport_obj,
+        source=source,
+        layout=layout,
+        specs=specs,
+        device=device,
+        backend=inference_backend,
+        inference=inference,
+        # The inference process builds its own policy: the driver's probe copy goes.
+        served=served if inference_backend == "thread" else None,
+        policy_source=source_of_policy,
+        policy_is_factory=policy is None,
+        replay_buffer=replay_buffer,
+        throttle=throttle,
+        learning_starts=learning_starts,
+        max_worker_restarts=max_worker_restarts,
+    )

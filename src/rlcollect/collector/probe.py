@@ -1,0 +1,123 @@
+"""What the collector learns before it starts anything: the envs' spaces and the policy's
+outputs.
+
+It builds env 0 once in the driver (``source.py`` says what it finds there), serves a
+copy of the policy on its device and runs it once on two sampled observations; the ring
+is then laid out from both.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from rlcollect.collector.source import Source, describe
+from rlcollect.collector.spec import observation_key
+from rlcollect.inference.policy import PolicyRunner
+from rlcollect.transports.layout import Field, Path
+
+__all__ = ["build_policy", "observation_fields", "probe_policy", "probe_source", "served_policy"]
+
+
+def probe_source(env_fn: Callable[[], Any]) -> Source:
+    """Build env 0 once in the driver to learn what every factory must build."""
+    try:
+        env = env_fn()
+    except Exception as exc:
+        raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
+    try:
+        return describe(env, "env_fns[0]")
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
+def observation_fields(space: Any) -> tuple[tuple[Path, ...], tuple[Field, ...]]:
+    """The observation's leaves: their paths and their ring fields, in the same order."""
+    leaves: list[tuple[Path, Any]] = []
+
+    def walk(path: Path, sub: Any) -> None:
+        if isinstance(sub, spaces.Dict):
+            for name, child in sub.spaces.items():
+                walk((*path, str(name)), child)
+        elif isinstance(
+            sub, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+        ):
+            leaves.append((path, sub))
+        else:
+            where = "observation" + "".join(f"[{n!r}]" for n in path)
+            raise TypeError(
+                f"{where} space {sub} is not supported; use Box, Discrete, MultiDiscrete, "
+                "MultiBinary or a Dict of those"
+            )
+
+    walk((), space)
+    if not leaves:
+        raise TypeError(f"observation_space {space} holds no array leaves")
+    paths = tuple(path for path, _ in leaves)
+    fields = tuple(
+        Field(observation_key(path), tuple(sub.shape), np.dtype(sub.dtype)) for path, sub in leaves
+    )
+    return paths, fields
+
+
+def build_policy(factory: Any) -> Any:
+    try:
+        return factory()
+    except Exception as exc:
+        raise ValueError(f"policy_factory raised: {type(exc).__name__}: {exc}") from exc
+
+
+def served_policy(policy: Any, device: torch.device, *, own: bool) -> torch.nn.Module:
+    """The policy to serve on ``device``: a deep copy of the caller's, or ``policy``
+    itself when the collector built it (``own``)."""
+    what = "policy_factory() returned" if own else "policy must be"
+    if not isinstance(policy, torch.nn.Module):
+        raise TypeError(
+            f"{what} a torch.nn.Module or a TensorDictModule, got {type(policy).__name__}"
+        )
+    if not own:
+        try:
+            policy = copy.deepcopy(policy)
+        except Exception as exc:
+            raise TypeError(
+                f"the policy cannot be copied for serving ({type(exc).__name__}: {exc}); "
+                "pass policy_factory= instead"
+            ) from exc
+    served: torch.nn.Module = policy.to(device)
+    served.requires_grad_(False)
+    return served
+
+
+def probe_policy(
+    runner: PolicyRunner, space: Any, paths: tuple[Path, ...]
+) -> dict[tuple[str, ...], torch.Tensor]:
+    """Run the policy once on two sampled observations to learn its outputs."""
+    space.seed(0)
+    samples = [space.sample(), space.sample()]
+    batch: dict[Path, np.ndarray] = {}
+    for path in paths:
+        leaves = []
+        for sample in samples:
+            value = sample
+            for name in path:
+                value = value[name]
+            leaves.append(np.asarray(value))
+        batch[path] = np.stack(leaves)
+    try:
+        return runner(batch)
+    except Exception as exc:
+        shapes = ", ".join(
+            f"{observation_key(path)}: {tuple(arr.shape)} {arr.dtype}"
+            for path, arr in batch.items()
+        )
+        raise ValueError(
+            f"the policy failed on a batch of 2 sampled observations ({shapes}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc

@@ -1,0 +1,204 @@
+"""Process plumbing: shared-memory segments, starting a child with its program, stopping it.
+
+Used by the worker processes (:mod:`rlcollect.transports.process_slots`) and the
+inference process (:mod:`rlcollect.inference.process`); what travels through the
+segments and pipes is described in those modules. Imports no torch: worker processes
+import it.
+
+Shared-memory segments (who creates, who maps, who unlinks, and why it is safe):
+
+* The driver creates each segment (:func:`create_segment`) with ``O_CREAT | O_EXCL``
+  and mode ``0600``, named with 96 random bits: another user cannot open it, and a
+  segment of that name cannot be planted in advance (creation would fail instead of
+  reusing it).
+* Children only map it (:func:`attach_segment`), by hand rather than through
+  ``SharedMemory``, which in Python < 3.13 registers the segment with a resource
+  tracker of the child that unlinks it when the child exits, under the feet of the
+  driver and the other children.
+* The driver unlinks it when done; a child that finds the driver gone unlinks it too
+  (:func:`unlink_segment`: unlinking a removed name is harmless), so a driver killed
+  with SIGKILL leaves no segment behind.
+
+The program hand-off (:func:`spawn` in the driver, :func:`read_handoff` in the child):
+
+* A child runs ``python -c ENTRY FD``. Its header (what it needs first: descriptors,
+  segment names, layouts; cloudpickled, so classes defined in a script travel too) and
+  its payload (the pickled program: env factories, a policy) are written in full to an
+  unnamed, owner-only temporary file before the child starts; the child inherits the
+  open file (offset 0) as descriptor ``FD``, unpickles the header and reads the rest.
+* Not through a pipe: a program can be larger than a pipe holds (the bounds of an image
+  observation space alone are ~70 KB for Pong), and a pipe write would then wait for
+  the child's interpreter to start and read it, so children would start one after
+  another instead of all at once.
+* A child inherits only the descriptors named in ``pass_fds`` (under the same
+  numbers), never the caller's ``__main__`` module, and gets ``sys.path`` as
+  ``PYTHONPATH`` so that factories and policies from the caller's modules import
+  (:func:`child_env`).
+
+Stopping: closing its pipes is a child's stop signal (each protocol says which);
+:func:`stop_processes` then waits for it and kills it if it does not exit.
+"""
+
+from __future__ import annotations
+
+import _posixshmem
+import mmap
+import os
+import pickle
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+
+__all__ = [
+    "attach_segment",
+    "batch_scheduling",
+    "child_env",
+    "create_segment",
+    "describe_exit",
+    "read_handoff",
+    "spawn",
+    "stop_processes",
+    "unlink_segment",
+    "wait_exit",
+]
+
+_SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+# ---------------------------------------------------------------------- shared memory
+
+
+def create_segment(prefix: str, size: int) -> tuple[str, mmap.mmap]:
+    """Create an owner-only segment of ``size`` bytes named ``prefix`` + 96 random bits;
+    returns its name and a mapping of it."""
+    name = prefix + secrets.token_hex(12)
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, size)
+        return name, mmap.mmap(fd, size)
+    except BaseException:
+        unlink_segment(name)
+        raise
+    finally:
+        os.close(fd)
+
+
+def attach_segment(name: str, size: int) -> mmap.mmap:
+    """Map the existing segment ``name`` (without a resource tracker).
+
+    Raises:
+        FileNotFoundError: the segment is gone (the driver has closed).
+    """
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def unlink_segment(name: str) -> None:
+    """Remove segment ``name``; already gone is fine."""
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
+# ---------------------------------------------------------------------- starting a child
+
+
+def child_env(*, single_threaded: bool = False) -> dict[str, str]:
+    """The environment of a child: this one's, ``sys.path`` as ``PYTHONPATH``, and with
+    ``single_threaded`` one BLAS/OpenMP thread (an env step gains nothing from a thread
+    pool, and a pool per worker oversubscribes the cores)."""
+    env = dict(os.environ)
+    if single_threaded:
+        env.update(dict.fromkeys(_SINGLE_THREADED, "1"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def spawn(
+    entry: str, header: Any, payload: bytes, *, pass_fds: Sequence[int], env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start ``python -c entry`` with ``header`` and ``payload`` handed off in a temporary
+    file (written in full first: the caller never waits for the child to read it)."""
+    with tempfile.TemporaryFile() as handed:
+        handed.write(cloudpickle.dumps(header))
+        handed.write(payload)
+        handed.flush()
+        handed.seek(0)  # the child inherits the open file, offset included
+        fd = handed.fileno()
+        return subprocess.Popen(
+            [sys.executable, "-c", entry, str(fd)],
+            stdin=subprocess.DEVNULL,
+            pass_fds=(*pass_fds, fd),
+            env=env,
+        )
+
+
+def read_handoff() -> tuple[Any, bytes]:
+    """In a child started by :func:`spawn`: its header (unpickled) and its payload."""
+    with open(int(sys.argv[1]), "rb") as handed:
+        header = pickle.load(handed)
+        return header, handed.read()
+
+
+def batch_scheduling() -> None:
+    """Mark this process a batch job (Linux ``SCHED_BATCH``): a worker woken by its
+    response then does not preempt the driver's inference thread, which has other
+    workers to wake (on 2 cores with Pong: 220-290 µs per batch of wake-ups without it,
+    17-19 µs with it). Elsewhere, or if refused, the default policy is a little slower."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None:
+        return
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:
+        pass  # refused (some sandboxes)
+
+
+# ---------------------------------------------------------------------- stopping a child
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """``proc``'s exit code once it exits within ``timeout`` s, else None."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Wait up to ``timeout`` s in all for ``procs`` to exit (their pipes closed); kill
+    any still running, and wait up to ``timeout`` s more for each."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (stuck in the kernel); nothing more can be done
+
+
+def describe_exit(code: int | None, pipe: str = "report pipe") -> str:
+    """How a child ended, from its exit code (None: still running after ``pipe`` closed)."""
+    if code is None:
+        return f"still running after its {pipe} closed"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code} (its stderr may say more)"

@@ -1,0 +1,296 @@
+"""The driver's ends of :class:`~rlcollect.transports.process_slots.ProcessSlotTransport`.
+
+:class:`ProcessServerEnd` is the :class:`ServerEnd` in the driver; ``_RequestEnd``
+serves the requests from another process, opened there from a
+:class:`ProcessSlotChannel`. The protocol both keep (who writes what, in what order,
+why it is safe) is in ``process_slots.py``, beside the worker's end. Not API: the
+transport's own parts.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import select
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
+from rlcollect.processes import attach_segment, describe_exit, wait_exit
+from rlcollect.transports.base import RequestChannel, RequestEnd, ServerEnd
+from rlcollect.transports.generations import Generations, response_token
+from rlcollect.transports.layout import RingLayout
+
+__all__ = ["ProcessServerEnd", "ProcessSlotChannel"]
+
+_READ_BYTES = 1 << 16
+_REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
+
+
+class ProcessServerEnd(ServerEnd):
+    """The driver's end: requests (inference thread), chunks and reports (consuming
+    thread); ``abort`` from any thread."""
+
+    def __init__(
+        self,
+        layout: RingLayout,
+        ring: mmap.mmap,
+        procs: list[subprocess.Popen[bytes]],
+        requests_r: int,
+        chunks_r: int,
+        *,
+        responses_w: list[int],
+        credits_w: list[int],
+        reports_r: list[int],
+    ) -> None:
+        self.buffers = layout.views(ring)
+        self._procs = procs
+        self._requests_r = requests_r
+        self._chunks_r = chunks_r
+        self._responses_w = responses_w
+        #: The requests pipe and the response pipes, for ``request_channel``.
+        self.requests_fd = requests_r
+        self.responses_fds = tuple(responses_w)
+        self._credits_w = credits_w
+        self._reports_r = {fd: i for i, fd in enumerate(reports_r)}
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (requests_r, chunks_r, self._wake_r, *reports_r):
+            os.set_blocking(fd, False)
+        self._request_poll = select.poll()
+        for fd in (requests_r, self._wake_r):
+            self._request_poll.register(fd, select.POLLIN)
+        self._chunk_poll = select.poll()
+        for fd in (chunks_r, self._wake_r, *reports_r):
+            self._chunk_poll.register(fd, select.POLLIN)
+        # Guards the write ends that abort() closes against writes from other threads.
+        self._lock = threading.Lock()
+        self._aborted = False
+        self._failure: WorkerError | None = None
+        self._generations = Generations(layout.num_workers)
+
+    # inference thread ------------------------------------------------------------------
+
+    def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
+        if self._aborted:
+            raise ChannelClosed("transport aborted")
+        tagged = _read_requests(self._requests_r, self._request_poll, self._wake_r, timeout)
+        return self._generations.split(tagged)
+
+    def respond(self, workers: Sequence[int]) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            for w in workers:
+                token = bytes([response_token(self._generations.answer(w))])
+                _write_driver(self._responses_w[w], token)
+
+    # consuming thread ------------------------------------------------------------------
+
+    def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
+        if self._failure is not None:
+            raise self._failure
+        if self._aborted:
+            raise ChannelClosed("transport aborted")
+        ready = self._chunk_poll.poll(_ms(timeout))
+        for fd, _ in ready:
+            worker = self._reports_r.get(fd)
+            if worker is not None:
+                failure = self._collect_failure(worker, fd)
+                # Chunks the worker handed over before it failed come first.
+                pending = self._read_chunks(drain=True)
+                self._failure = failure
+                if pending:
+                    return pending
+                raise failure
+        for fd, _ in ready:
+            if fd == self._wake_r:
+                raise ChannelClosed("transport aborted")
+        return self._read_chunks()
+
+    def _read_chunks(self, drain: bool = False) -> list[tuple[int, int]]:
+        """Chunk messages waiting now; with ``drain``, until the pipe is empty."""
+        data = _read_nowait(self._chunks_r) or b""
+        while drain and data:
+            more = _read_nowait(self._chunks_r)
+            if not more:
+                break
+            data += more
+        if not data:
+            return []
+        pairs = np.frombuffer(data, dtype="<i4").reshape(-1, 2)
+        return [(int(w), int(s)) for w, s in pairs]
+
+    def release(self, worker: int, slot: int) -> None:
+        with self._lock:
+            if not self._aborted:
+                _write_driver(self._credits_w[worker])
+
+    def _collect_failure(self, worker: int, fd: int) -> WorkerError:
+        """Read worker's report until end-of-file (it exits right after writing it)."""
+        chunks = []
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while poller.poll(_ms(_REPORT_WAIT)):
+            data = _read_nowait(fd)
+            if not data:
+                break
+            chunks.append(data)
+        if chunks:
+            try:
+                failure: WorkerFailure = pickle.loads(b"".join(chunks))
+                return WorkerError.from_failure(failure)
+            except Exception:  # a torn report still means the worker failed
+                pass
+        proc = self._procs[worker]
+        how = describe_exit(wait_exit(proc, _REPORT_WAIT))
+        return WorkerError(
+            f"worker {worker} (pid {proc.pid}) died without reporting an error: {how}",
+            worker_index=worker,
+        )
+
+    def replace_worker(self, worker: int, credits_w: int, reports_r: int) -> None:
+        """Serve a restarted ``worker`` through its new credits and reports pipes, and
+        stop raising the old one's failure (consuming thread only)."""
+        with self._lock:
+            if self._aborted:
+                os.close(credits_w)
+                os.close(reports_r)
+                raise ChannelClosed("transport aborted")
+            old = self._credits_w[worker]
+            self._credits_w[worker] = credits_w
+            os.close(old)
+        for fd, w in list(self._reports_r.items()):
+            if w == worker:
+                self._chunk_poll.unregister(fd)
+                del self._reports_r[fd]
+                os.close(fd)
+        os.set_blocking(reports_r, False)
+        self._reports_r[reports_r] = worker
+        self._chunk_poll.register(reports_r, select.POLLIN)
+        if self._failure is not None and self._failure.worker_index == worker:
+            self._failure = None
+
+    # any thread ------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
+            os.write(self._wake_w, b"\x01")
+            for fd in (*self._responses_w, *self._credits_w):
+                os.close(fd)
+
+    def close_fds(self) -> None:
+        """Close every remaining driver fd; only after abort() and with no waits running."""
+        for fd in (self._requests_r, self._chunks_r, self._wake_r, self._wake_w, *self._reports_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _read_requests(
+    requests_r: int, poller: select.poll, wake_r: int, timeout: float
+) -> list[tuple[int, int]]:
+    """Requests waiting on ``requests_r``, waiting up to ``timeout`` for one (the poller
+    watches ``requests_r`` and ``wake_r``, which abort() writes to)."""
+    data = _read_nowait(requests_r)
+    if data is None:
+        for fd, _ in poller.poll(_ms(timeout)):
+            if fd == wake_r:
+                raise ChannelClosed("transport aborted")
+        data = _read_nowait(requests_r)
+        if data is None:
+            return []
+    if not data:
+        raise ChannelClosed("every worker has exited")
+    pairs = np.frombuffer(data, dtype="<i4").reshape(-1, 2)
+    return [(int(w), int(p)) for w, p in pairs]
+
+
+def _ms(timeout: float) -> int:
+    return max(0, int(timeout * 1000.0 + 0.999))
+
+
+def _read_nowait(fd: int) -> bytes | None:
+    """Bytes waiting on non-blocking ``fd``; None if none, b"" at end-of-file."""
+    try:
+        return os.read(fd, _READ_BYTES)
+    except BlockingIOError:
+        return None
+
+
+def _write_driver(fd: int, token: bytes = b"\x01") -> None:
+    try:
+        os.write(fd, token)
+    except BrokenPipeError:
+        pass  # that worker is gone; wait_chunks reports it
+
+
+@dataclass(frozen=True)
+class ProcessSlotChannel(RequestChannel):
+    """:class:`~rlcollect.transports.process_slots.ProcessSlotTransport`'s request side:
+    its segment, requests pipe and response pipes (the fds keep their numbers in the
+    serving process)."""
+
+    shm_name: str
+    layout: RingLayout
+    requests_fd: int
+    response_fds: tuple[int, ...]
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        """The requests pipe and the response pipes."""
+        return (self.requests_fd, *self.response_fds)
+
+    def open(self) -> RequestEnd:
+        """The request end, in the serving process (FileNotFoundError once closed)."""
+        return _RequestEnd(self)
+
+
+class _RequestEnd(RequestEnd):
+    """The request side of the ring, served from the process that opened it; chunks
+    still go to the driver."""
+
+    def __init__(self, channel: ProcessSlotChannel) -> None:
+        self._ring = attach_segment(channel.shm_name, channel.layout.nbytes)
+        self.buffers = channel.layout.views(self._ring)
+        self._requests_r = channel.requests_fd
+        self._responses_w = list(channel.response_fds)
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._requests_r, self._wake_r):
+            os.set_blocking(fd, False)
+        self._poll = select.poll()
+        for fd in (self._requests_r, self._wake_r):
+            self._poll.register(fd, select.POLLIN)
+        self._lock = threading.Lock()
+        self._aborted = False
+        self._generations = Generations(channel.layout.num_workers)
+
+    def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
+        if self._aborted:
+            raise ChannelClosed("transport aborted")
+        tagged = _read_requests(self._requests_r, self._poll, self._wake_r, timeout)
+        return self._generations.split(tagged)
+
+    def respond(self, workers: Sequence[int]) -> None:
+        with self._lock:
+            if not self._aborted:
+                for w in workers:
+                    token = bytes([response_token(self._generations.answer(w))])
+                    _write_driver(self._responses_w[w], token)
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
+            os.write(self._wake_w, b"\x01")
+            for fd in self._responses_w:
+                os.close(fd)
