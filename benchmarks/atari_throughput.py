@@ -216,7 +216,7 @@ def collector(
     process, its inference-server thread and, with worker processes, their Python loops
     (each process's main thread) and the whole processes (the env's C++ threads too).
     ``factory`` replaces the vector env factory, ``on_window`` is called with ``"start"``
-    and ``"end"`` around the timed window (``benchmarks/profile_vector_worker.py``).
+    and ``"end"`` around the timed window (``benchmarks/experiments/profile_vector_worker.py``).
     """
     n, b, t = vector_config(args, w)
     make = factory or functools.partial(make_atari_vector, n, b, t, args.env_nice)

@@ -31,10 +31,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine
 
-from rlcollect.inference.step import _CudaArray
-
 SHAPE = (4, 84, 84)
 ROW_BYTES = int(np.prod(SHAPE))
+
+
+class MappedHostArray:
+    """A page-locked, mapped host array presented to torch as CUDA memory (unified
+    addressing), as the inference server views the ring: ``torch.as_tensor`` of it on
+    the GPU reads the host rows over the bus."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": array.shape,
+            "typestr": array.dtype.str,
+            "data": (array.ctypes.data, False),
+            "version": 3,
+        }
 
 
 def gpu_ms(fn: Any, iterations: int, stream: torch.cuda.Stream, before: Any = None) -> float:
@@ -80,7 +92,7 @@ def main() -> None:
             rewrite = functools.partial(ring.__setitem__, flat, saved)
             for width in (1, 2, 4, 8):
                 dtype = np.dtype(f"<i{width}") if width > 1 else np.dtype(np.uint8)
-                view = torch.as_tensor(_CudaArray(ring.view(dtype)), device=device)
+                view = torch.as_tensor(MappedHostArray(ring.view(dtype)), device=device)
                 out = torch.empty((batch, ROW_BYTES // width), dtype=view.dtype, device=device)
                 gather = functools.partial(torch.index_select, view, 0, index, out=out)
                 row[f"index_select_{width}B_us"] = 1e3 * gpu_ms(gather, args.iterations, stream)

@@ -43,8 +43,7 @@ from policies import NatureCNN
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.envspeed import env_throughput
-from rlcollect.inference.policy import PolicyRunner
-from rlcollect.inference.step import DeviceStep
+from rlcollect.inference import PolicyRunner, build_action_step
 from rlcollect.transports import Field
 
 SHAPE = (4, 105, 80)
@@ -71,8 +70,8 @@ def server_latency(mode: str, iters: int) -> dict[int, float]:
         ("action",): Field(("action",), (), np.dtype(np.int64)),
         ("log_prob",): Field(("log_prob",), (), np.dtype(np.float32)),
     }
-    step = DeviceStep(
-        runner, obs, outputs, max(SIZES), compile_options=compile_options, cuda_graph=graph
+    step = build_action_step(
+        runner, obs, outputs, capacity=max(SIZES), compile_options=compile_options, cuda_graph=graph
     )
     rng = np.random.default_rng(0)
     slots = 2 * max(SIZES)

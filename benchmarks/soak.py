@@ -48,6 +48,19 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def child_pids(parent: int) -> list[int]:
+    """Process ids whose parent is ``parent`` (read from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == parent:
+            out.append(int(stat.parent.name))
+    return out
+
+
 def rss_growth(samples: list[dict[str, Any]], warmup: float) -> dict[str, Any]:
     """RSS change from the first sample after ``warmup`` seconds to the last one.
 
@@ -97,7 +110,8 @@ def main() -> None:
         replay_buffer=rb,
     )
     pids = list(getattr(collector.transport, "pids", []))
-    inference_pid = getattr(collector._server, "pid", None)
+    # The driver's other children: the inference process with --backend process.
+    others = [pid for pid in child_pids(os.getpid()) if pid not in pids]
     shm = getattr(collector.transport, "shm_name", None)
     try:
         with collector:
@@ -135,7 +149,7 @@ def main() -> None:
                             "policy_version": stats["policy_version"],
                             "driver_rss_mib": rss_mib(os.getpid()),
                             "workers_rss_mib": sum(rss_mib(pid) for pid in pids),
-                            "inference_rss_mib": rss_mib(inference_pid) if inference_pid else 0,
+                            "inference_rss_mib": sum(rss_mib(pid) for pid in others),
                         }
                     )
                     s = samples[-1]
@@ -152,7 +166,7 @@ def main() -> None:
         errors.append(traceback.format_exc())
         final = {}
     seconds = time.monotonic() - start
-    left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    left = [pid for pid in pids + others if os.path.exists(f"/proc/{pid}")]
     shm_left = shm is not None and os.path.exists(f"/dev/shm/{shm}")
 
     growth = rss_growth(samples, warmup=1.5 * args.checkpoint_every)

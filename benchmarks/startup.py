@@ -4,9 +4,10 @@ For each ``--envs`` count, in a fresh process per measurement, Pong 4x105x80 env
 
 * ``rlcollect``: ``AsyncBatchedCollector`` (process-slot transport, one env per worker,
   ``frames_per_batch = num_envs``, a policy on ``--device``, as the DQN loop of the
-  suite runs it): seconds until the constructor returns, until the first batch, and
-  the driver's own time spawning the worker processes (each ``ProcessSlotTransport``
-  spawn call timed: its sum and its largest).
+  suite runs it): seconds until the constructor returns (the driver's own share: it
+  lays out the ring and starts the worker processes) and until the first batch (the
+  workers' interpreters starting, importing and building their envs too), and the
+  worker processes started (``ProcessSlotTransport.pids``).
 * ``async_vector``: gymnasium's ``AsyncVectorEnv`` over the same factories: seconds until
   its first ``step`` returns.
 
@@ -36,20 +37,10 @@ MARK = "@@startup "
 
 
 def rlcollect_startup(n: int, device: str) -> dict[str, Any]:
-    import rlcollect.transports.process_slots as process_slots
     from rlcollect import AsyncBatchedCollector
+    from rlcollect.transports import ProcessSlotTransport
 
-    spawn = process_slots.ProcessSlotTransport._spawn
-    spawns: list[float] = []
-
-    def timed_spawn(self: Any, *args: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return spawn(self, *args)
-        finally:
-            spawns.append(time.perf_counter() - t)
-
-    process_slots.ProcessSlotTransport._spawn = timed_spawn  # type: ignore[method-assign]
+    transport = ProcessSlotTransport()
     policy = Greedy().to(device)  # the CUDA context exists before the collector starts
     t0 = time.perf_counter()
     collector = AsyncBatchedCollector(
@@ -57,7 +48,7 @@ def rlcollect_startup(n: int, device: str) -> dict[str, Any]:
         policy,
         frames_per_batch=n,
         total_frames=-1,
-        transport="process_slots",
+        transport=transport,
         policy_device=device,
         seed=0,
     )
@@ -65,13 +56,8 @@ def rlcollect_startup(n: int, device: str) -> dict[str, Any]:
     with collector:
         next(iter(collector))
         first = time.perf_counter() - t0
-    return {
-        "constructor_seconds": constructed,
-        "first_batch_seconds": first,
-        "spawn_seconds_sum": sum(spawns),
-        "spawn_seconds_max": max(spawns),
-        "spawns": len(spawns),
-    }
+        workers = len(transport.pids)
+    return {"constructor_seconds": constructed, "first_batch_seconds": first, "workers": workers}
 
 
 class Greedy(torch.nn.Module):
@@ -147,13 +133,13 @@ def main() -> None:
         "results": rows,
     }
     (out / "startup.json").write_text(json.dumps(result, indent=2) + "\n")
-    print("\n| envs | rlcollect first batch, s | its spawns (sum / max), s | AsyncVectorEnv, s |")
+    print("\n| envs | rlcollect first batch, s | its constructor, s | AsyncVectorEnv, s |")
     print("| ---: | ---: | ---: | ---: |")
     for n, row in rows.items():
         r, a = row["rlcollect"], row["async_vector"]
         print(
-            f"| {n} | {r['first_batch_seconds']:.1f} | {r['spawn_seconds_sum']:.2f} / "
-            f"{r['spawn_seconds_max']:.3f} | {a['first_step_seconds']:.1f} |"
+            f"| {n} | {r['first_batch_seconds']:.1f} | {r['constructor_seconds']:.2f} | "
+            f"{a['first_step_seconds']:.1f} |"
         )
 
 

@@ -168,7 +168,7 @@ class DeviceStep(ActionStep):
         # The last event is the one waited on. A blocking event (the thread sleeps until
         # the GPU is done) was tried and measured on the H200: the forward phase per
         # batch of 32 grew from 240-254 us to 281-347 us, on the critical path of every
-        # vector-env worker's cycle; the spin wait is kept (results/h200/threads).
+        # vector-env worker's cycle; the spin wait is kept (results/archive/h200/threads).
         self._events = [
             torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             for _ in range(4)
