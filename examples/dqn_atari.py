@@ -5,7 +5,8 @@ replay buffer (on the GPU when there is one) from a background thread; this scri
 the learner: a gradient step on 32 sampled transitions per 4 env steps, a target
 network copied now and then, weights (with the exploration rate) pushed to the
 collector. ``train_ratio = batch_size / train_every`` holds that pace whatever the
-machine: collection waits whenever it would get ahead of the learner. On a GPU the
+machine, both ways: collection waits whenever it would get ahead of the learner, the
+learner (``wait_to_sample``) whenever it would get ahead of collection. On a GPU the
 acting policy runs as a CUDA graph. The script prints env steps/s, updates/s and the
 episode returns, and writes a JSON summary (and the learning curve as a PNG, if
 matplotlib is installed) to ``--out``.
@@ -223,7 +224,10 @@ def main() -> None:
     recent: deque[float] = deque(maxlen=20)
     with collector:
         collector.start()
-        while not collector.join(timeout=0):
+        # True while the learner is below its share (train_ratio rows sampled per row
+        # collected past learning_starts); False once collection has ended and the share
+        # is used up (or after a minute with nothing to sample: join() then says why).
+        while collector.wait_to_sample(timeout=60.0):
             # progress: returns of the episodes finished since the last look
             recent.extend(ret for _, ret in rb.finished[logged:])
             logged = len(rb.finished)
@@ -240,9 +244,6 @@ def main() -> None:
                     flush=True,
                 )
 
-            if len(rb) < args.learning_starts:
-                collector.join(timeout=0.01)  # the buffer fills; nothing to learn from yet
-                continue
             if learn_start is None:
                 learn_start = (time.perf_counter(), rb.written)
 
@@ -267,6 +268,7 @@ def main() -> None:
                 frac = min(1.0, rb.written / args.explore_steps)
                 acting.epsilon.fill_(1.0 + frac * (args.final_epsilon - 1.0))
                 collector.update_policy_weights_(acting)
+        collector.join(timeout=60.0)  # raises the background error, if collection failed
         stats = collector.stats()
     seconds = time.perf_counter() - start
 

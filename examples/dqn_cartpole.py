@@ -4,7 +4,8 @@ The collector steps the envs in worker processes and writes every transition int
 replay buffer from a background thread; this script is only the learner: it samples,
 takes Double DQN gradient steps, copies the target network now and then, and pushes its
 weights (with the current exploration rate) back to the collector. ``train_ratio`` ties the two
-together: collection waits whenever it would get ahead of the learner, so the number of
+together both ways: collection waits whenever it would get ahead of the learner, and the
+learner (``wait_to_sample``) whenever it would get ahead of collection, so the number of
 updates per env step is the same on a fast machine and a slow one.
 
     python examples/dqn_cartpole.py                 # 100k env steps, learning curve PNG
@@ -147,11 +148,10 @@ def main() -> None:
     logged = 0
     with collector:
         collector.start()
-        while not collector.join(timeout=0):
-            if len(rb) < args.learning_starts:
-                collector.join(timeout=0.01)  # the buffer fills; nothing to learn from yet
-                continue
-
+        # True while the learner is below its share (train_ratio rows sampled per row
+        # collected past learning_starts); False once collection has ended and the share
+        # is used up (or after a minute with nothing to sample: join() then says why).
+        while collector.wait_to_sample(timeout=60.0):
             # learning rate: linear from --lr to --final-lr over the run
             frac = min(1.0, rb.written / args.steps)
             for group in optimizer.param_groups:
@@ -196,6 +196,7 @@ def main() -> None:
                     flush=True,
                 )
             logged = len(rb.finished)
+        collector.join(timeout=60.0)  # raises the background error, if collection failed
         stats = collector.stats()
     seconds = time.perf_counter() - start
 

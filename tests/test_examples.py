@@ -114,13 +114,15 @@ def test_benchmark_suite_resume_measures_only_the_missing_repeats(tmp_path):
 
 
 def check_dqn_summary(result, *, steps, learning_starts, batch_size, train_ratio, batch_rows):
-    """What both DQN examples promise in their JSON: the budget met exactly, the learner
-    kept to the train ratio by the collector, episodes logged in step order."""
+    """What both DQN examples promise in their JSON: the budget met exactly, the train
+    ratio kept both ways, episodes logged in step order."""
     assert result["env_steps"] == steps
     # a batch is written only once the learner has sampled train_ratio rows per row
     # collected before it: only the last batch of collection may have gone unlearned
     owed = train_ratio * (steps - learning_starts - batch_rows)
     assert result["updates"] * batch_size >= owed, result
+    # and the learner kept to it too (wait_to_sample): one minibatch beyond its share at most
+    assert result["updates"] * batch_size <= train_ratio * (steps - learning_starts) + batch_size
     curve = result["curve"]
     assert len(curve) == result["episodes"]
     ends = [steps_so_far for steps_so_far, _ in curve]

@@ -201,6 +201,87 @@ def test_train_ratio_makes_collection_wait_for_the_learner(transport):
     check_counting_streams(stored)
 
 
+@pytest.mark.parametrize("learner", ["fast", "slow"])
+def test_train_ratio_holds_both_ways(transport, learner):
+    from rlcollect import ReplayBuffer
+
+    ratio, starts, fpb, batch, total = 2.0, 64, 32, 16, 1024
+    rb = ReplayBuffer(100_000, seed=0)
+    net, x = torch.nn.Linear(128, 128), torch.randn(256, 128)
+
+    def work():  # a slow learner does real work between samples; a fast one none
+        if learner == "slow":
+            for _ in range(10):
+                net(x).sum()
+
+    c = counting_collector(
+        transport,
+        replay_buffer=rb,
+        total_frames=total,
+        frames_per_batch=fpb,
+        train_ratio=ratio,
+        learning_starts=starts,
+    )
+    with c:
+        c.start()
+        updates = 0
+        while c.wait_to_sample(timeout=30.0):
+            rb.sample(batch)
+            updates += 1
+            # the learner never goes more than one minibatch beyond its share ...
+            assert rb.sampled <= ratio * (rb.written - starts) + batch
+            # ... and collection never more than one batch beyond the learner's
+            assert rb.written <= starts + fpb + rb.sampled / ratio
+            work()
+        assert c.background_done  # False came because collection ended, not a timeout
+        assert c.join(timeout=10.0)
+        stats = c.stats()
+    assert rb.written == total
+    # over the run: the asked ratio, give or take one minibatch
+    assert stats["train_ratio"] == pytest.approx(ratio, abs=batch / (total - starts))
+    assert updates * batch == rb.sampled
+
+
+def test_wait_to_sample_without_a_train_ratio_waits_for_rows_until_the_end(transport):
+    from rlcollect import ReplayBuffer
+
+    rb = ReplayBuffer(10_000)
+    with counting_collector(transport, replay_buffer=rb, total_frames=256) as c:
+        with pytest.raises(CollectorError, match=r"call start\(\)"):
+            c.wait_to_sample(timeout=0.0)
+        c.start()
+        assert c.wait_to_sample(timeout=30.0)
+        assert len(rb) > 0
+        assert c.join(timeout=30.0)
+        assert not c.wait_to_sample(timeout=0.0)  # collection has ended: nothing to wait for
+
+
+def test_wait_to_sample_times_out_while_collection_goes_on():
+    from rlcollect import ReplayBuffer
+
+    rb = ReplayBuffer(10_000)
+    c = counting_collector(
+        "thread",
+        replay_buffer=rb,
+        total_frames=-1,
+        train_ratio=1.0,
+        learning_starts=10**9,  # the learner's share stays zero
+    )
+    with c:
+        c.start()
+        wait_until(lambda: len(rb) > 0, what="a first batch")
+        assert not c.wait_to_sample(timeout=0.2)
+        assert not c.background_done
+
+
+def test_wait_to_sample_needs_an_rlcollect_buffer():
+    with counting_collector("thread", replay_buffer=ListBuffer(), total_frames=-1) as c:
+        c.start()
+        needs = r"needs replay_buffer= an rlcollect\.ReplayBuffer"
+        with pytest.raises(CollectorError, match=needs):
+            c.wait_to_sample(timeout=0.0)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -30,7 +30,7 @@ from rlcollect.errors import CollectorError
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.replay.buffer import ReplayBuffer
 
-__all__ = ["POLL", "Background", "Stopping", "Throttle"]
+__all__ = ["POLL", "Background", "Stopping", "Throttle", "wait_to_sample"]
 
 POLL = 0.1  # seconds between checks of the stop flag in every wait
 
@@ -155,7 +155,16 @@ class Throttle:
         self.buffer = buffer
         self.learning_starts = learning_starts
         self.sampled_at_start = buffer.sampled
+        self.written_at_start = buffer.written
         self.wait_seconds = 0.0
+
+    def learner_may_sample(self) -> bool:
+        """Whether the learner is below its share: the exact complement of what
+        :meth:`wait` waits for, so one side can always go on (no deadlock) and the ratio
+        stays within one batch of either side."""
+        collected = self.buffer.written - self.written_at_start
+        sampled = self.buffer.sampled - self.sampled_at_start
+        return sampled < math.ceil(self.ratio * (collected - self.learning_starts))
 
     def wait(self, frames: int, idle: Callable[[], None]) -> None:
         """Return once the learner has sampled enough for ``frames`` rows collected;
@@ -175,3 +184,30 @@ class Throttle:
             "train_ratio": sampled / max(1, frames - self.learning_starts),
             "throttle_wait_seconds": self.wait_seconds,
         }
+
+
+def wait_to_sample(
+    background: Background, buffer: ReplayBuffer, throttle: Throttle | None, timeout: float | None
+) -> bool:
+    """The learner's wait (``AsyncBatchedCollector.wait_to_sample``): True once it may
+    sample; False when ``timeout`` passes first or collection has ended with nothing
+    left for it. Wakes on every write to ``buffer``, and every ``POLL`` seconds to check
+    whether collection has ended."""
+
+    def may_sample() -> bool:
+        if throttle is not None:
+            return throttle.learner_may_sample()
+        return len(buffer) > 0 and not background.finished.is_set()
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        written = buffer.written  # read first: a write after it ends the wait below
+        if may_sample():
+            return True
+        if background.finished.is_set():
+            background.raise_error()
+            return may_sample()  # the last batch may have landed after the check above
+        left = POLL if deadline is None else min(POLL, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        buffer.wait_written(written + 1, left)

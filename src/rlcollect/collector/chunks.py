@@ -6,6 +6,11 @@
                                                             chunk of each worker back)
                                                        ──▶ BatchBuilder.add_chunk (one copy)
               ◀── release(worker, slot) ──────────────────  the slot is the worker's again
+    batch ready ──▶ train_ratio throttle ──▶ quiet point ──▶ replay_buffer.extend ──▶ caller
+
+It runs in the caller's thread while iterating, or in the background thread after
+``start()``; between bounded waits it passes the background's quiet point (pause,
+shutdown) and checks the inference backend's health.
 
 A worker's failure arrives from ``wait_chunks`` as a ``WorkerError`` after every chunk
 it handed over (the transport's contract); with ``max_worker_restarts`` it is handled
@@ -19,12 +24,13 @@ from collections.abc import Callable
 
 from tensordict import TensorDict
 
-from rlcollect.collector.background import POLL
+from rlcollect.collector.background import POLL, Background, Throttle
 from rlcollect.collector.batches import BatchBuilder
 from rlcollect.collector.plan import Plan
 from rlcollect.collector.restarts import WorkerRestarts
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
+from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import ServerEnd
 
 __all__ = ["ChunkLoop"]
@@ -39,15 +45,24 @@ class ChunkLoop:
         builder: BatchBuilder,
         restarts: WorkerRestarts | None,
         server: InferenceBackend,
+        background: Background,
+        throttle: Throttle | None,
+        replay_buffer: SupportsExtend | None,
     ) -> None:
         self._end = end
         self._builder = builder
         self.restarts = restarts
         self._server = server
+        self._background = background
+        self.throttle = throttle
+        self._replay_buffer = replay_buffer
+        self.frames = self.batches = 0  # delivered
         self.wait_seconds = 0.0  # time the consumer waited for chunks
 
     @classmethod
-    def for_plan(cls, plan: Plan, end: ServerEnd, server: InferenceBackend) -> ChunkLoop:
+    def for_plan(
+        cls, plan: Plan, end: ServerEnd, server: InferenceBackend, background: Background
+    ) -> ChunkLoop:
         """The loop for ``plan``'s ring, started as ``end``, served by ``server``."""
         restarts = None
         if plan.max_worker_restarts:
@@ -65,16 +80,35 @@ class ChunkLoop:
             frames_per_batch=plan.frames_per_batch,
             total_frames=plan.total_frames,
         )
-        return cls(end, builder, restarts, server)
+        throttle = None if plan.throttle is None else Throttle(*plan.throttle, plan.learning_starts)
+        return cls(end, builder, restarts, server, background, throttle, plan.replay_buffer)
 
     @property
     def exhausted(self) -> bool:
         """``total_frames`` are all in batches already handed out."""
         return self._builder.exhausted and not self._builder.ready
 
-    def next_batch(self, quiet_point: Callable[[], None]) -> TensorDict | None:
-        """The next batch, or None once ``total_frames`` are delivered; ``quiet_point``
-        runs between bounded waits."""
+    def produce(self) -> TensorDict | None:
+        """The next batch, already written to the replay buffer; None once
+        ``total_frames`` are delivered."""
+        quiet_point = self._background.quiet_point
+        batch = self._next_batch(quiet_point)
+        if batch is None:
+            return None
+        if self.throttle is not None:
+            self.throttle.wait(self.frames, self._idle)
+        quiet_point()
+        if self._replay_buffer is not None:
+            self._replay_buffer.extend(batch)
+        self.frames += batch.batch_size[0]
+        self.batches += 1
+        return batch
+
+    def _idle(self) -> None:
+        self._background.quiet_point()
+        self._check_server()
+
+    def _next_batch(self, quiet_point: Callable[[], None]) -> TensorDict | None:
         builder, end, restarts = self._builder, self._end, self.restarts
         if self.exhausted:
             return None

@@ -32,12 +32,13 @@ from typing import Any, Literal
 import torch
 from tensordict import TensorDict
 
-from rlcollect.collector.background import Background, Throttle
+from rlcollect.collector.background import Background, wait_to_sample
 from rlcollect.collector.chunks import ChunkLoop
 from rlcollect.collector.plan import plan_collection
 from rlcollect.errors import CollectorError
 from rlcollect.inference.backend import start_backend
 from rlcollect.inference.base import InferenceBackend
+from rlcollect.replay.buffer import ReplayBuffer
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -218,10 +219,6 @@ class AsyncBatchedCollector:
         self.action_space = plan.source.action_space
         self.transport: Transport = plan.transport
         self._replay_buffer = replay_buffer
-        self._throttle = (
-            None if plan.throttle is None else Throttle(*plan.throttle, learning_starts)
-        )
-        self._frames = self._batches = 0
         self._started, self._cpu_started = time.perf_counter(), time.process_time()
         self._transport, self._closed = plan.transport, False
         try:
@@ -241,7 +238,7 @@ class AsyncBatchedCollector:
         # Shuts everything down if the collector is garbage-collected or open at exit: no
         # part holds a reference back to the collector, so refcounting alone frees it.
         self._finalizer = weakref.finalize(self, _shutdown_parts, plan.transport, self.server)
-        self._chunks = ChunkLoop.for_plan(plan, end, self.server)
+        self._chunks = ChunkLoop.for_plan(plan, end, self.server, self._background)
 
     # ------------------------------------------------------------------ iteration
 
@@ -270,31 +267,12 @@ class AsyncBatchedCollector:
     def _produce(self) -> TensorDict | None:
         """The next batch, already written to the replay buffer; None once the budget is met."""
         if self._closed:
-            if self.total_frames != -1 and self._frames >= self.total_frames:
+            if self.total_frames != -1 and self._chunks.frames >= self.total_frames:
                 return None
             raise CollectorError("the collector is shut down")
-        quiet_point = self._background.quiet_point
-        batch = self._chunks.next_batch(quiet_point)
-        if batch is None:
-            return None
-        if self._throttle is not None:
-            self._throttle.wait(self._frames, self._idle)
-        quiet_point()
-        if self._replay_buffer is not None:
-            self._replay_buffer.extend(batch)
-        self._frames += batch.batch_size[0]
-        self._batches += 1
         # Even after the last batch the collector stays up until the next call finds the
         # budget met: the caller may still push weights for that batch.
-        return batch
-
-    def _idle(self) -> None:
-        self._background.quiet_point()
-        self._raise_server_error()
-
-    def _raise_server_error(self) -> None:
-        if self.server is not None and self.server.error is not None:
-            raise self.server.error
+        return self._chunks.produce()
 
     # ------------------------------------------------------------------ background
 
@@ -331,6 +309,23 @@ class AsyncBatchedCollector:
         if not self._background.started:
             raise CollectorError("join() waits for background collection; call start() first")
         return self._background.join(timeout)
+
+    def wait_to_sample(self, timeout: float | None = None) -> bool:
+        """The learner's wait in background collection: True once it may sample (with a
+        ``train_ratio``: while it has sampled less than its share of the rows collected;
+        without: once the buffer holds a row); False if ``timeout`` seconds pass first,
+        or collection has ended and nothing is left to sample (:attr:`background_done`
+        tells which). Example: ``docs/off-policy.md``, *Train ratio*.
+
+        Raises:
+            CollectorError: before :meth:`start`; the background error.
+        """
+        self._background.raise_error()
+        if not self._background.started:
+            raise CollectorError("wait_to_sample() waits for background collection; call start()")
+        if not isinstance(self._replay_buffer, ReplayBuffer):
+            raise CollectorError("wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer")
+        return wait_to_sample(self._background, self._replay_buffer, self._chunks.throttle, timeout)
 
     @property
     def background_done(self) -> bool:
@@ -392,18 +387,19 @@ class AsyncBatchedCollector:
         self._background.raise_error()
         elapsed = time.perf_counter() - self._started
         cpu = time.process_time() - self._cpu_started
+        frames = self._chunks.frames
         out: dict[str, Any] = {
-            "frames": self._frames,
+            "frames": frames,
             "worker_restarts": 0 if self._chunks.restarts is None else self._chunks.restarts.count,
-            "batches": self._batches,
+            "batches": self._chunks.batches,
             "seconds": elapsed,
-            "frames_per_second": self._frames / elapsed if elapsed > 0 else 0.0,
-            "driver_cpu_ms_per_frame": 1e3 * cpu / self._frames if self._frames else 0.0,
+            "frames_per_second": frames / elapsed if elapsed > 0 else 0.0,
+            "driver_cpu_ms_per_frame": 1e3 * cpu / frames if frames else 0.0,
             "consumer_wait_seconds": self._chunks.wait_seconds,
             "policy_version": self.policy_version,
         }
-        if self._throttle is not None:
-            out.update(self._throttle.stats(self._frames))
+        if self._chunks.throttle is not None:
+            out.update(self._chunks.throttle.stats(frames))
         if self.server is not None:
             out["server"] = self.server.stats()
         return out

@@ -284,7 +284,8 @@ class ReplayBuffer:
     def wait_sampled(self, target: int, timeout: float) -> bool:
         """Block until ``sampled >= target`` or ``timeout`` (``>= 0``) seconds pass.
 
-        The collector's ``train_ratio`` throttle waits here for the learner.
+        The collector's ``train_ratio`` throttle waits here for the learner
+        (:meth:`wait_written` is the learner's side).
 
         Args:
             target: the count of sampled rows to wait for.
@@ -315,6 +316,18 @@ class ReplayBuffer:
             raise ValueError(f"wait_sampled: timeout must be >= 0, got {timeout!r}")
         with self._cond:
             return self._cond.wait_for(lambda: self._sampled >= target, timeout)
+
+    def wait_written(self, target: int, timeout: float) -> bool:
+        """Block until ``written >= target`` or ``timeout`` (``>= 0``) seconds pass; returns
+        whether ``written`` reached ``target`` (the learner's side of ``train_ratio``).
+
+        Raises:
+            ValueError: a negative ``timeout``.
+        """
+        if timeout < 0:
+            raise ValueError(f"wait_written: timeout must be >= 0, got {timeout!r}")
+        with self._cond:
+            return self._cond.wait_for(lambda: self._written >= target, timeout)
 
     def state_dict(self) -> dict[str, Any]:
         """The stored rows (copied to the CPU), ring position, counters and generator
