@@ -8,6 +8,8 @@ them builds an env or a policy: that is ``probe.py``'s.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +35,7 @@ __all__ = [
     "policy_source",
     "splits_of",
     "throttle_of",
+    "warn_of_thread_oversubscription",
 ]
 
 _TRANSPORTS: dict[str, Callable[[], Transport]] = {
@@ -192,4 +195,28 @@ def compile_options_of(compile: Any) -> dict[str, Any] | None:
         return dict(compile)
     raise ValueError(
         f"compile must be True, False or a dict of torch.compile options, got {compile!r}"
+    )
+
+
+_warned_of_threads = False  # once per process: the setting is the script's, not a collector's
+
+
+def warn_of_thread_oversubscription(num_workers: int) -> None:
+    """Warn once when torch's intra-op pool in this process (the learner's) and the env
+    workers together want more cores than there are: the pool's threads spin between
+    small operations and take the workers' cores (``docs/tuning.md``, *Torch threads*).
+    The collector changes nothing itself: the pool belongs to the training script."""
+    global _warned_of_threads
+    threads = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if _warned_of_threads or threads <= 1 or num_workers + threads <= (cores or 1):
+        return
+    _warned_of_threads = True
+    warnings.warn(
+        f"torch runs {threads} intra-op threads in this process (the learner's pool) "
+        f"beside {num_workers} env workers on {cores} cores: they will compete for the "
+        f"cores. Call torch.set_num_threads({max(1, (cores or 1) - num_workers)}) in the "
+        "training script before creating the collector (docs/tuning.md, Torch threads).",
+        RuntimeWarning,
+        stacklevel=4,
     )

@@ -199,6 +199,7 @@ def plan_collection(
         staging = Staging(keys=staged, columns=source.batch_size)
     slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
     num_workers = len(env_fns) // envs_per_worker
+    checks.warn_of_thread_oversubscription(num_workers)
     layout = RingLayout(
         fields=transition_fields(obs_fields, action_field, extra_fields),
         num_workers=num_workers,
