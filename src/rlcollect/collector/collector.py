@@ -89,7 +89,8 @@ class AsyncBatchedCollector:
         train_ratio: rows the learner samples per row collected; collection waits for
             the learner (needs an :class:`rlcollect.ReplayBuffer`).
         learning_starts: rows collected before the ``train_ratio`` wait begins.
-        seed: env ``i`` is first reset with ``seed + i``; None leaves envs unseeded.
+        seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
+            is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
         max_worker_restarts: failed workers restarted in all before an error is raised.
 
     Attributes:

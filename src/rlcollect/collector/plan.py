@@ -221,6 +221,7 @@ def plan_collection(
         compile_options=compile_options,
         cuda_graph=cuda_graph,
         weights=WeightsLayout.of(served.state_dict()),
+        seed=seed,
     )
     specs = tuple(
         WorkerSpec(

@@ -45,6 +45,7 @@ def build_server(
         layout=config.layout,
         batching=config.batching,
         output_keys=frozenset(key for key, _ in config.outputs),
+        seed=config.seed,
     )
 
 

@@ -133,6 +133,7 @@ class InferenceConfig:
     compile_options: dict[str, Any] | None
     cuda_graph: bool
     weights: WeightsLayout
+    seed: int | None = None  # the policy's random stream (inference/rng.py); None: unseeded
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ import torch
 from rlcollect.errors import ChannelClosed, InferenceError
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner
+from rlcollect.inference.rng import PolicyRng
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import RequestEnd
 from rlcollect.transports.layout import Key, RingLayout, request_rows
@@ -114,6 +115,9 @@ class InferenceServer(InferenceBackend):
         layout: the ring ``end`` was started with (how requests address it).
         batching: batch size limits and timeout.
         output_keys: the keys the policy returned when the collector was built.
+        seed: seeds the policy's own random stream (``inference/rng.py``), swapped in
+            around each batch; None leaves the policy drawing from the device's shared
+            stream.
 
     The server owns the policy copy inside ``runner``; :meth:`update_weights` changes it
     between batches only and bumps :attr:`policy_version`, which is stamped on every
@@ -190,8 +194,10 @@ class InferenceServer(InferenceBackend):
         layout: RingLayout,
         batching: BatchingConfig,
         output_keys: frozenset[Key],
+        seed: int | None = None,
     ) -> None:
         self._runner = runner
+        self._rng = None if seed is None else PolicyRng(runner.device, seed)
         self._step = step
         self._end = end
         self._layout = layout
@@ -399,8 +405,15 @@ class InferenceServer(InferenceBackend):
         flat = request_rows(self._layout, self._end.buffers, workers, requests)
         self._step.load(flat)
         t1 = clock()
+        rng = self._rng
         with self._weights_lock:
-            outputs, (h2d, d2h) = self._step.run(rows)
+            if rng is not None:
+                rng.swap_in()
+            try:
+                outputs, (h2d, d2h) = self._step.run(rows)
+            finally:
+                if rng is not None:
+                    rng.swap_out()
             version = self._version
         t2 = clock()
         if outputs.keys() != self._output_keys:
