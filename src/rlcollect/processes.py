@@ -15,6 +15,9 @@ Shared-memory segments (who creates, who maps, who unlinks, and why it is safe):
   ``SharedMemory``, which in Python < 3.13 registers the segment with a resource
   tracker of the child that unlinks it when the child exits, under the feet of the
   driver and the other children.
+* The driver checks the space in ``/dev/shm`` first and backs every page at once
+  (``posix_fallocate``), so a shortage is a clear error at construction, never a
+  SIGBUS later in a worker or the driver.
 * The driver unlinks it when done; a child that finds the driver gone unlinks it too
   (:func:`unlink_segment`: unlinking a removed name is harmless), so a driver killed
   with SIGKILL leaves no segment behind.
@@ -42,6 +45,7 @@ Stopping: closing its pipes is a child's stop signal (each protocol says which);
 from __future__ import annotations
 
 import _posixshmem
+import errno
 import mmap
 import os
 import pickle
@@ -56,6 +60,8 @@ from typing import Any
 
 import cloudpickle
 
+from rlcollect.errors import CollectorError
+
 __all__ = [
     "attach_segment",
     "batch_scheduling",
@@ -63,6 +69,7 @@ __all__ = [
     "create_segment",
     "describe_exit",
     "read_handoff",
+    "shm_free_bytes",
     "spawn",
     "stop_processes",
     "unlink_segment",
@@ -70,6 +77,7 @@ __all__ = [
 ]
 
 _SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux
 
 
 # ---------------------------------------------------------------------- shared memory
@@ -77,17 +85,60 @@ _SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 def create_segment(prefix: str, size: int) -> tuple[str, mmap.mmap]:
     """Create an owner-only segment of ``size`` bytes named ``prefix`` + 96 random bits;
-    returns its name and a mapping of it."""
+    returns its name and a mapping of it.
+
+    Raises:
+        CollectorError: ``/dev/shm`` has less than ``size`` bytes free (the message says
+            how much is needed, how much is free, and the remedies).
+    """
+    free = shm_free_bytes()
+    if free is not None and size > free:
+        raise CollectorError(_no_space(size, free))
     name = prefix + secrets.token_hex(12)
     fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     try:
         os.ftruncate(fd, size)
+        _reserve(fd, size)
         return name, mmap.mmap(fd, size)
     except BaseException:
         unlink_segment(name)
         raise
     finally:
         os.close(fd)
+
+
+def shm_free_bytes() -> int | None:
+    """Bytes free in ``/dev/shm`` for this user, or None where it cannot be read."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Back every page of the segment now. A segment is sparse until written: without
+    this, a shortage of ``/dev/shm`` (Docker's default is 64 MB) shows up later as a
+    SIGBUS in whichever process first touches an unbacked page, with no error and no
+    clean-up. Reserved here, it is ENOSPC, turned into a clear error."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # no reservation on this system: the space check above stands alone
+        if exc.errno == errno.ENOSPC:
+            raise CollectorError(_no_space(size, shm_free_bytes())) from exc
+        raise
+
+
+def _no_space(size: int, free: int | None) -> str:
+    mib = 2**20
+    has = "too little" if free is None else f"{free / mib:.1f} MiB"
+    return (
+        f"the shared-memory segment needs {size / mib:.1f} MiB, but {_SHM_DIR} has {has} "
+        "free: give it more (in Docker: docker run --shm-size=2g ...), or use fewer envs, "
+        "a smaller frames_per_batch or a smaller transition_chunk_size"
+    )
 
 
 def attach_segment(name: str, size: int) -> mmap.mmap:

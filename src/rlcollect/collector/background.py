@@ -50,12 +50,35 @@ class Background:
         self.finished = threading.Event()  # background collection has ended
         self.pause_requested = threading.Event()
         self._quiet = threading.Event()  # the background thread holds at a quiet point
+        self._iterating = threading.Lock()  # held by the thread inside next()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     @property
     def started(self) -> bool:
         return self._thread is not None
+
+    @contextlib.contextmanager
+    def iterating(self) -> Iterator[None]:
+        """The caller's thread iterates for the ``with`` block: refused while collecting
+        in the background, paused, or iterated by another thread (whose batch this call
+        would tear apart)."""
+        if self._thread is not None:
+            raise CollectorError(
+                "the collector is collecting in the background (start() was called): "
+                "sample from its replay buffer instead of iterating"
+            )
+        if self.pause_requested.is_set():
+            raise CollectorError("the collector is paused: iterate after the pause() block")
+        if not self._iterating.acquire(blocking=False):
+            raise CollectorError(
+                "another thread is iterating this collector: iterate from one thread, or "
+                "use start() and sample from the replay buffer in as many as you like"
+            )
+        try:
+            yield
+        finally:
+            self._iterating.release()
 
     def start(self, produce: Callable[[], Any], release: Callable[[], None]) -> None:
         """Call ``produce`` in a thread until it returns None; on its error, ``release``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "check_int",
     "check_env_fns",
     "check_picklable",
+    "claim_transport",
     "chunk_steps_of",
     "compile_options_of",
     "device_of",
@@ -153,8 +155,18 @@ def splits_of(worker_splits: int | None, envs_per_worker: int, source: Source) -
     return 1 if worker_splits is None else worker_splits
 
 
+# Transport instances given to a collector, by id (a user's transport need not be
+# hashable); an entry goes when its transport is garbage-collected.
+_claimed: weakref.WeakValueDictionary[int, Transport] = weakref.WeakValueDictionary()
+
+
 def make_transport(transport: str | Transport) -> Transport:
     if isinstance(transport, Transport):
+        if _claimed.get(id(transport)) is transport:
+            raise ValueError(
+                f"this {type(transport).__name__} instance already serves another collector: "
+                "a transport serves one collector; pass a new instance"
+            )
         return transport
     if isinstance(transport, str) and transport in _TRANSPORTS:
         return _TRANSPORTS[transport]()
@@ -220,3 +232,9 @@ def warn_of_thread_oversubscription(num_workers: int) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
+
+
+def claim_transport(transport: Transport) -> None:
+    """Mark ``transport`` as this collector's, just before it starts, so a second
+    collector given it is refused before it can touch the first one's workers."""
+    _claimed[id(transport)] = transport

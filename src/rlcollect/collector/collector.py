@@ -33,6 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from rlcollect.collector.background import Background, wait_to_sample
+from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.chunks import ChunkLoop
 from rlcollect.collector.plan import plan_collection
 from rlcollect.errors import CollectorError
@@ -222,6 +223,7 @@ class AsyncBatchedCollector:
         self._replay_buffer = replay_buffer
         self._started, self._cpu_started = time.perf_counter(), time.process_time()
         self._transport, self._closed = plan.transport, False
+        claim_transport(plan.transport)
         try:
             end = plan.transport.start(plan.layout, plan.programs())
             self.server = start_backend(
@@ -248,18 +250,12 @@ class AsyncBatchedCollector:
 
     def __next__(self) -> TensorDict:
         self._background.raise_error()
-        if self._background.started:
-            raise CollectorError(
-                "the collector is collecting in the background (start() was called): "
-                "sample from its replay buffer instead of iterating"
-            )
-        if self._background.pause_requested.is_set():
-            raise CollectorError("the collector is paused: iterate after the pause() block")
-        try:
-            batch = self._produce()
-        except BaseException:
-            self.shutdown()
-            raise
+        with self._background.iterating():
+            try:
+                batch = self._produce()
+            except BaseException:
+                self.shutdown()
+                raise
         if batch is None:
             self.shutdown()
             raise StopIteration
@@ -365,6 +361,7 @@ class AsyncBatchedCollector:
         Raises:
             CollectorError: when shut down; the background error if collection failed.
             KeyError: when the weights' names are not the policy's (missing or extra).
+            TypeError: when a weight is not a tensor.
             ValueError: when a weight's shape is not the policy's.
             InferenceError: with ``inference_backend="process"``, when the inference
                 process has failed or has not applied the weights of two versions ago

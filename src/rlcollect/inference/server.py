@@ -457,6 +457,8 @@ def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int,
 
     Raises:
         KeyError: a name missing, or one the policy lacks.
+        TypeError: a weight that is not a tensor (checked here so that no copy can fail
+            half-way through an update).
         ValueError: a weight of another shape.
     """
     missing = set(shapes) - set(state_dict)
@@ -466,6 +468,9 @@ def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int,
             f"weights do not match the policy: missing {sorted(missing)}, "
             f"unexpected {sorted(unexpected)}"
         )
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"weight {name!r} is a {type(value).__name__}, not a torch.Tensor")
     for name, value in state_dict.items():
         if tuple(value.shape) != shapes[name]:
             raise ValueError(

@@ -1,0 +1,37 @@
+"""Shared-memory segments (rlcollect/processes.py): a shortage of /dev/shm is a clear error
+when the segment is created, never a SIGBUS later."""
+
+import os
+import re
+
+import pytest
+
+from rlcollect.errors import CollectorError
+from rlcollect.processes import create_segment, shm_free_bytes, unlink_segment
+
+
+def test_a_segment_is_backed_in_full_when_created():
+    size = 8 * 2**20
+    name, ring = create_segment("rlc_test_", size)
+    try:
+        # every page is allocated now (st_blocks counts 512-byte units), not when touched
+        assert os.stat(f"/dev/shm/{name}").st_blocks * 512 >= size
+    finally:
+        ring.close()
+        unlink_segment(name)
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_a_segment_larger_than_the_free_space_is_refused_with_the_remedy():
+    free = shm_free_bytes()
+    assert free is not None and free > 0
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(CollectorError) as info:
+        create_segment("rlc_test_", free + 2**30)
+    message = str(info.value)
+    needed, has = (float(x) for x in re.findall(r"([\d.]+) MiB", message)[:2])
+    assert needed == pytest.approx((free + 2**30) / 2**20, abs=0.1)
+    assert has == pytest.approx(free / 2**20, rel=0.05)  # others may use /dev/shm meanwhile
+    assert "--shm-size" in message and "frames_per_batch" in message
+    # nothing was created (other tests may create segments meanwhile: ours have our prefix)
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("rlc_test_")]
