@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 from envs import atari_vector
-from helpers import collect, streams
+from helpers import streams
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.transports import ProcessSlotTransport
@@ -32,18 +32,26 @@ class FramePolicy(torch.nn.Module):
 
 
 @functools.cache
-def run(transport, mode):
+def run(transport, mode, rows_per_env=150, limit=20_000):
+    """Each sub-env's stream, once every sub-env has delivered ``rows_per_env`` rows (three
+    episodes' worth): an asynchronous vector env serves whichever sub-envs are ready, and
+    on a busy machine not fairly, so a shared budget could leave one short."""
     with AsyncBatchedCollector(
         [functools.partial(atari_vector, mode)],
         FramePolicy(),
         frames_per_batch=100,
-        total_frames=640,
+        total_frames=-1,
         transport=transport,
         policy_device="cpu",
         seed=5,
     ) as c:
         assert c.num_envs == 4
-        return streams(collect(c))
+        batches, counts = [], torch.zeros(4, dtype=torch.long)
+        while int(counts.min()) < rows_per_env:
+            batches.append(next(c))
+            counts += torch.bincount(batches[-1]["env_index"], minlength=4)
+            assert len(batches) * 100 < limit, f"a sub-env starved: rows {counts.tolist()}"
+        return streams(torch.cat(batches))
 
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
