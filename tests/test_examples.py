@@ -298,7 +298,11 @@ def test_benchmark_vector_env_threads_run_at_the_niceness_asked():
     def niceness() -> dict[int, int]:
         out = {}
         for tid in Path("/proc/self/task").iterdir():
-            fields = (tid / "stat").read_text().rsplit(")", 1)[1].split()
+            try:
+                stat = (tid / "stat").read_text()
+            except FileNotFoundError:
+                continue  # a thread that ended between the listing and the read
+            fields = stat.rsplit(")", 1)[1].split()
             out[int(tid.name)] = int(fields[16])  # stat field 19, counted after the name
         return out
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
+from rlcollect._tensordict import TensorDict
 from rlcollect.transports.layout import Field, Key, RingLayout
 
 __all__ = ["BatchBuilder"]

@@ -22,8 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tensordict import TensorDict
-
+from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import POLL, Background, Throttle
 from rlcollect.collector.batches import BatchBuilder
 from rlcollect.collector.plan import Plan

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
-from tensordict import TensorDict
 
+from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import Background, wait_to_sample
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.chunks import ChunkLoop

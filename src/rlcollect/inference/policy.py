@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase
 
+from rlcollect._tensordict import TensorDict, TensorDictBase, TensorDictModuleBase
 from rlcollect.transports.layout import Field, Key, Path
 
 __all__ = ["PolicyRunner"]

@@ -42,8 +42,8 @@ import threading
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase, is_non_tensor
 
+from rlcollect._tensordict import TensorDict, TensorDictBase, is_non_tensor
 from rlcollect.errors import CollectorError
 
 __all__ = ["ReplayBuffer"]

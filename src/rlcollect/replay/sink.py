@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from tensordict import TensorDict
+from rlcollect._tensordict import TensorDict
 
 __all__ = ["SupportsExtend"]
 
