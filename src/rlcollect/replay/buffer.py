@@ -72,6 +72,25 @@ def _leaves(data: Any, what: str) -> _Rows:
     return leaves
 
 
+def _check_layout(fields: _Fields, rows: _Rows) -> None:
+    """``rows`` must have the keys, per-row shapes and dtypes of the stored ``fields``."""
+    layout = dict(fields)
+    missing = ", ".join(_name(k) for k in layout if k not in rows)
+    extra = ", ".join(_name(k) for k in rows if k not in layout)
+    if missing or extra:
+        raise ValueError(
+            "extend: keys differ from the buffer's layout (fixed by the first write): "
+            f"missing [{missing}], extra [{extra}]"
+        )
+    for key, stored in layout.items():
+        got, what = rows[key], f"extend: {_name(key)} has"
+        if got.shape[1:] != stored.shape[1:]:
+            shapes = f"{list(got.shape[1:])}, the buffer stores {list(stored.shape[1:])}"
+            raise ValueError(f"{what} rows of shape {shapes}")
+        if got.dtype != stored.dtype:
+            raise TypeError(f"{what} dtype {got.dtype}, the buffer stores {stored.dtype}")
+
+
 class ReplayBuffer:
     """Uniform-sampling ring buffer of transitions, for one writer and many samplers.
 
@@ -194,7 +213,7 @@ class ReplayBuffer:
         """
         rows = _leaves(data, "extend")
         if self._fields is not None:
-            self._check(rows)
+            _check_layout(self._fields, rows)
         n = data.batch_size[0]
         if n == 0:
             return
@@ -282,17 +301,9 @@ class ReplayBuffer:
         return out
 
     def wait_sampled(self, target: int, timeout: float) -> bool:
-        """Block until ``sampled >= target`` or ``timeout`` (``>= 0``) seconds pass.
-
-        The collector's ``train_ratio`` throttle waits here for the learner
-        (:meth:`wait_written` is the learner's side).
-
-        Args:
-            target: the count of sampled rows to wait for.
-            timeout: seconds to wait at most.
-
-        Returns:
-            Whether ``sampled`` reached ``target``.
+        """Block until ``sampled >= target`` or ``timeout`` (``>= 0``) seconds pass; returns
+        whether ``sampled`` reached ``target``. The collector's ``train_ratio`` throttle
+        waits here for the learner (:meth:`wait_written` is the learner's side).
 
         Raises:
             ValueError: a negative ``timeout``.
@@ -428,24 +439,6 @@ class ReplayBuffer:
                 "in another thread"
             )
         self._writing = True
-
-    def _check(self, rows: _Rows) -> None:
-        assert self._fields is not None
-        layout = dict(self._fields)
-        missing = ", ".join(_name(k) for k in layout if k not in rows)
-        extra = ", ".join(_name(k) for k in rows if k not in layout)
-        if missing or extra:
-            raise ValueError(
-                "extend: keys differ from the buffer's layout (fixed by the first write): "
-                f"missing [{missing}], extra [{extra}]"
-            )
-        for key, stored in layout.items():
-            got, what = rows[key], f"extend: {_name(key)} has"
-            if got.shape[1:] != stored.shape[1:]:
-                shapes = f"{list(got.shape[1:])}, the buffer stores {list(stored.shape[1:])}"
-                raise ValueError(f"{what} rows of shape {shapes}")
-            if got.dtype != stored.dtype:
-                raise TypeError(f"{what} dtype {got.dtype}, the buffer stores {stored.dtype}")
 
     def _empty(self, n: int, like: torch.Tensor) -> torch.Tensor:
         """``n`` uninitialised rows shaped like those of ``like``, in the buffer's memory."""
