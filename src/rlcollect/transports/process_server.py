@@ -15,6 +15,7 @@ import pickle
 import select
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,10 @@ __all__ = ["ProcessServerEnd", "ProcessSlotChannel"]
 
 _READ_BYTES = 1 << 16
 _REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
+# Seconds between looks at the worker processes themselves. A worker's death normally
+# shows at once as end-of-file on its reports pipe, but not while another process holds
+# a copy of that pipe's write end (a process the env started, which inherited it).
+_LIVENESS_EVERY = 0.5
 
 
 class ProcessServerEnd(ServerEnd):
@@ -72,6 +77,7 @@ class ProcessServerEnd(ServerEnd):
         self._aborted = False
         self._failure: WorkerError | None = None
         self._generations = Generations(layout.num_workers)
+        self._look_at = time.monotonic() + _LIVENESS_EVERY
 
     # inference thread ------------------------------------------------------------------
 
@@ -97,6 +103,8 @@ class ProcessServerEnd(ServerEnd):
         if self._aborted:
             raise ChannelClosed("transport aborted")
         ready = self._chunk_poll.poll(_ms(timeout))
+        if time.monotonic() >= self._look_at:
+            ready = self._dead_workers() + ready
         for fd, _ in ready:
             worker = self._reports_r.get(fd)
             if worker is not None:
@@ -111,6 +119,15 @@ class ProcessServerEnd(ServerEnd):
             if fd == self._wake_r:
                 raise ChannelClosed("transport aborted")
         return self._read_chunks()
+
+    def _dead_workers(self) -> list[tuple[int, int]]:
+        """The reports pipes of workers whose process has exited, as if they had polled
+        ready (their report, if any, is read there; the exit status says the rest)."""
+        self._look_at = time.monotonic() + _LIVENESS_EVERY
+        if self._aborted:
+            return []  # workers exit when aborted: that is no failure of theirs
+        dead = {w for w, proc in enumerate(self._procs) if proc.poll() is not None}
+        return [(fd, select.POLLIN) for fd, w in self._reports_r.items() if w in dead]
 
     def _read_chunks(self, drain: bool = False) -> list[tuple[int, int]]:
         """Chunk messages waiting now; with ``drain``, until the pipe is empty."""
