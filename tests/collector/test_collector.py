@@ -385,7 +385,8 @@ def test_replay_buffer_receives_every_batch(transport):
 
 
 CTRL_C_DRIVER = """
-import functools, sys
+import faulthandler, functools, signal, sys
+faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if it hangs
 from rlcollect import AsyncBatchedCollector
 from rlcollect.testing import CountingEnv
 sys.path.insert(0, {tests!r})
@@ -415,7 +416,16 @@ def test_ctrl_c_in_the_driver_leaves_nothing_behind():
         name, *pids = driver.stdout.readline().split()
         assert pids, driver.stderr.read()
         os.kill(driver.pid, signal.SIGINT)
-        _, err = driver.communicate(timeout=20)
+        try:
+            # Under 1.2 s here with two CPU hogs beside it (25 runs); the bound is for a
+            # machine far busier than that, and a hang still fails, with the stacks.
+            _, err = driver.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(driver.pid, signal.SIGUSR1)  # written at once, from the C handler
+            threading.Event().wait(1.0)  # a moment for the dump to reach the pipe
+            driver.kill()
+            _, err = driver.communicate(timeout=10)
+            raise AssertionError(f"the driver did not exit after Ctrl-C:\n{err[-6000:]}") from None
     finally:
         driver.kill()
     assert driver.returncode != 0
