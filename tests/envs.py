@@ -65,6 +65,15 @@ class WrongShape(CountingEnv):
         return np.zeros(3, np.int64)
 
 
+class BadRewardLater(CountingEnv):
+    """Returns a string as its reward from its fourth step on: a change after the first
+    calls, which a check of the first step alone would miss."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        return obs, ("a lot" if self.t >= 4 else reward), term, trunc, info
+
+
 def frozen_lake():
     return gym.make("FrozenLake-v1")
 

@@ -6,7 +6,7 @@ import threading
 import gymnasium as gym
 import pytest
 import torch
-from envs import OtherActions, WrongShape, cartpole
+from envs import BadRewardLater, OtherActions, WrongShape, cartpole
 from helpers import CountingPolicy, counting_envs
 
 from rlcollect import AsyncBatchedCollector, WorkerError
@@ -178,6 +178,15 @@ def test_env_observation_of_the_wrong_shape(transport):
     with pytest.raises(WorkerError, match=r"env 1 returned an observation of shape \(3,\)") as e:
         list(c)
     assert e.value.env_index == 1
+
+
+def test_env_reward_that_is_no_number_names_the_env(transport):
+    fns = [*counting_envs(1), functools.partial(BadRewardLater, 1)]
+    c = build(env_fns=fns, transport=transport, total_frames=-1)
+    with pytest.raises(WorkerError, match=r"env 1 returned reward='a lot'.*real number") as e:
+        list(c)
+    assert e.value.env_index == 1
+    assert "the step results check" in str(e.value)
 
 
 def _vector_env_with(**attributes):

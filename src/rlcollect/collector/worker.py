@@ -178,9 +178,16 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
                 except Exception as exc:
                     raise EnvError(int(env_ids[j]), "step") from exc
                 next_writer.write(p, j, obs, int(env_ids[j]))
-                reward[p, j] = r
-                terminated[p, j] = term
-                truncated[p, j] = trunc
+                try:
+                    reward[p, j] = r
+                    terminated[p, j] = term
+                    truncated[p, j] = trunc
+                except (TypeError, ValueError) as exc:
+                    raise EnvError(int(env_ids[j]), "the step results check") from TypeError(
+                        f"env {int(env_ids[j])} returned reward={r!r}, terminated={term!r}, "
+                        f"truncated={trunc!r}: a reward must be a real number and the flags "
+                        f"bools ({exc})"
+                    )
                 if term or trunc:
                     try:
                         obs, _ = env.reset()
