@@ -74,6 +74,14 @@ class BadRewardLater(CountingEnv):
         return obs, ("a lot" if self.t >= 4 else reward), term, trunc, info
 
 
+class BadFlagLater(CountingEnv):
+    """Returns a string as its terminated flag from its fourth step on."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        return obs, reward, ("no" if self.t >= 4 else term), trunc, info
+
+
 def frozen_lake():
     return gym.make("FrozenLake-v1")
 

@@ -6,7 +6,7 @@ import threading
 import gymnasium as gym
 import pytest
 import torch
-from envs import BadRewardLater, OtherActions, WrongShape, cartpole
+from envs import BadFlagLater, BadRewardLater, OtherActions, WrongShape, cartpole
 from helpers import CountingPolicy, counting_envs
 
 from rlcollect import AsyncBatchedCollector, WorkerError
@@ -180,10 +180,15 @@ def test_env_observation_of_the_wrong_shape(transport):
     assert e.value.env_index == 1
 
 
-def test_env_reward_that_is_no_number_names_the_env(transport):
-    fns = [*counting_envs(1), functools.partial(BadRewardLater, 1)]
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [(BadRewardLater, r"reward='a lot'"), (BadFlagLater, r"terminated='no'")],
+    ids=["reward", "flag"],
+)
+def test_env_step_results_of_the_wrong_kind_name_the_env(transport, env, match):
+    fns = [*counting_envs(1), functools.partial(env, 1)]
     c = build(env_fns=fns, transport=transport, total_frames=-1)
-    with pytest.raises(WorkerError, match=r"env 1 returned reward='a lot'.*real number") as e:
+    with pytest.raises(WorkerError, match=rf"env 1 returned .*{match}.*real number") as e:
         list(c)
     assert e.value.env_index == 1
     assert "the step results check" in str(e.value)

@@ -41,6 +41,8 @@ from rlcollect.transports.base import WorkerEnd
 
 __all__ = ["run_worker"]
 
+_FLAG = (bool, np.bool_, int, np.integer)  # what terminated and truncated may be
+
 
 @contextmanager
 def _blame(env_index: int, during: str) -> Iterator[None]:
@@ -180,6 +182,10 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
                 next_writer.write(p, j, obs, int(env_ids[j]))
                 try:
                     reward[p, j] = r
+                    # numpy would take any object as a bool ("no" is True): only flags
+                    # that are bools (or 0/1 integers) are flags
+                    if not isinstance(term, _FLAG) or not isinstance(trunc, _FLAG):
+                        raise TypeError("a flag is not a bool")
                     terminated[p, j] = term
                     truncated[p, j] = trunc
                 except (TypeError, ValueError) as exc:
