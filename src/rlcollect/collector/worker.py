@@ -183,7 +183,7 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
                 try:
                     reward[p, j] = r
                     # numpy would take any object as a bool ("no" is True): only flags
-                    # that are bools (or 0/1 integers) are flags
+                    # that are bools (or integers, as some older envs return) are flags
                     if not isinstance(term, _FLAG) or not isinstance(trunc, _FLAG):
                         raise TypeError("a flag is not a bool")
                     terminated[p, j] = term
