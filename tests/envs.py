@@ -179,3 +179,39 @@ class CrashOnce(CountingEnv):
         if not self.in_reset and (self.episode, self.t) == self.at:
             self._crash("step")
         return super().step(action)
+
+
+# Released by tests that run HangOnce in worker threads, so that no thread stays blocked.
+RELEASE_HANGS = __import__("threading").Event()
+
+
+class HangOnce(CountingEnv):
+    """A CountingEnv that blocks once per ``marker`` file, in the step ``at`` = (episode,
+    step) of its own count, or in the reset that starts episode ``at[0]``: an env stuck
+    in a call that never returns (for five minutes, or until RELEASE_HANGS is set)."""
+
+    def __init__(self, env_id, marker, at=(0, 3), in_reset=False):
+        super().__init__(env_id)
+        self.marker = marker
+        self.at = at
+        self.in_reset = in_reset
+
+    def _hang_here(self):
+        import os
+
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        RELEASE_HANGS.wait(300)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        if self.in_reset and self.episode == self.at[0]:
+            self._hang_here()
+        return obs, info
+
+    def step(self, action):
+        if not self.in_reset and (self.episode, self.t) == self.at:
+            self._hang_here()
+        return super().step(action)

@@ -253,3 +253,16 @@ def describe_exit(code: int | None, pipe: str = "report pipe") -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code} (its stderr may say more)"
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal or traced (``/proc`` state T or
+    t); False where that cannot be read (no such process, no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ")".
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return state in (b"T", b"t")

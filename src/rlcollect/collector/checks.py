@@ -29,6 +29,7 @@ __all__ = [
     "check_int",
     "check_env_fns",
     "check_picklable",
+    "check_stall_timeout",
     "claim_transport",
     "chunk_steps_of",
     "compile_options_of",
@@ -53,6 +54,14 @@ def check_int(name: str, value: Any, *, minimum: int, extra: str = "") -> None:
         raise ValueError(
             f"{name} must be an int >= {minimum}{' ' + extra if extra else ''}, got {value!r}"
         )
+
+
+def check_stall_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"stall_timeout must be a number of seconds > 0, or None, got {value!r}")
+    return float(value)
 
 
 def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:

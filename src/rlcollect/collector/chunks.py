@@ -10,7 +10,10 @@
 
 It runs in the caller's thread while iterating, or in the background thread after
 ``start()``; between bounded waits it passes the background's quiet point (pause,
-shutdown) and checks the inference backend's health.
+shutdown), checks the inference backend's health and looks for stalled workers
+(``stall.py``). A stalled worker is stopped by the transport where it can be, and its
+death then arrives like any other, as the stall's error; where it cannot (threads), the
+stall is raised at once.
 
 A worker's failure arrives from ``wait_chunks`` as a ``WorkerError`` after every chunk
 it handed over (the transport's contract); with ``max_worker_restarts`` it is handled
@@ -27,10 +30,12 @@ from rlcollect.collector.background import POLL, Background, Throttle
 from rlcollect.collector.batches import BatchBuilder
 from rlcollect.collector.plan import Plan
 from rlcollect.collector.restarts import WorkerRestarts
+from rlcollect.collector.stall import StallWatch
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.replay.sink import SupportsExtend
-from rlcollect.transports.base import ServerEnd
+from rlcollect.transports.base import ServerEnd, Transport
+from rlcollect.transports.layout import PROGRESS
 
 __all__ = ["ChunkLoop"]
 
@@ -47,8 +52,10 @@ class ChunkLoop:
         background: Background,
         throttle: Throttle | None,
         replay_buffer: SupportsExtend | None,
+        stalls: _Stalls | None = None,
     ) -> None:
         self._end = end
+        self._stalls = stalls
         self._builder = builder
         self.restarts = restarts
         self._server = server
@@ -80,7 +87,11 @@ class ChunkLoop:
             total_frames=plan.total_frames,
         )
         throttle = None if plan.throttle is None else Throttle(*plan.throttle, plan.learning_starts)
-        return cls(end, builder, restarts, server, background, throttle, plan.replay_buffer)
+        stalls = None
+        if plan.stall_timeout is not None:
+            watch = StallWatch(end.buffers[PROGRESS], plan.stall_timeout)
+            stalls = _Stalls(watch, plan.transport, plan.stall_timeout, plan.source.envs)
+        return cls(end, builder, restarts, server, background, throttle, plan.replay_buffer, stalls)
 
     @property
     def exhausted(self) -> bool:
@@ -114,14 +125,18 @@ class ChunkLoop:
         t0 = time.perf_counter()
         while not builder.ready:
             quiet_point()
+            if self._stalls is not None:
+                self._stalls.look()
             try:
                 chunks = end.wait_chunks(POLL)
             except ChannelClosed:
                 self._check_server()
                 raise CollectorError("the transport closed while collecting") from None
             except WorkerError as error:
+                if self._stalls is not None:
+                    error = self._stalls.explain(error)
                 if restarts is None:
-                    raise
+                    raise error from error.__cause__
                 try:
                     restarts.restart(error, builder)
                 except ChannelClosed:  # shut down or aborted meanwhile
@@ -144,3 +159,30 @@ class ChunkLoop:
         """Raise the inference backend's error, if it has one."""
         if self._server.error is not None:
             raise self._server.error
+
+
+class _Stalls:
+    """What the loop does about stalls: look, stop the worker, say why it died."""
+
+    def __init__(self, watch: StallWatch, transport: Transport, timeout: float, per_call: int):
+        self._watch = watch
+        self._transport = transport
+        self._timeout = timeout
+        self._per_call = per_call  # envs per env call: the sub-envs of a vector env
+        self._stopped: dict[int, WorkerError] = {}  # worker: its stall, until it dies
+
+    def look(self) -> None:
+        """Raise a stall, or stop the stalled worker so that its death follows."""
+        stall = self._watch.look()
+        if stall is None:
+            return
+        stack = self._transport.worker_stack(stall.worker)
+        error = stall.error(self._timeout, self._per_call, stack)
+        if not self._transport.stop_worker(stall.worker):
+            raise error
+        self._stopped[stall.worker] = error
+
+    def explain(self, error: WorkerError) -> WorkerError:
+        """The stall behind a stopped worker's death, else ``error`` itself."""
+        stall = self._stopped.pop(error.worker_index, None)
+        return error if stall is None else stall

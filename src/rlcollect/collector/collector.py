@@ -93,6 +93,12 @@ class AsyncBatchedCollector:
         seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
             is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
         max_worker_restarts: failed workers restarted in all before an error is raised.
+        stall_timeout: seconds an env's construction, ``reset()`` or ``step()`` may run,
+            and a worker process may stay stopped, before a :class:`WorkerError` naming
+            the env, the worker, the stage and how long (a restart under
+            ``max_worker_restarts``); the first batch waits for every env's first
+            observation at most half of it after the first came. None: no bound
+            (``docs/failures.md``, *Stalls*).
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -181,6 +187,7 @@ class AsyncBatchedCollector:
         learning_starts: int = 0,
         seed: int | None = 0,
         max_worker_restarts: int = 0,
+        stall_timeout: float | None = 60.0,
     ) -> None:
         self._closed = True  # until everything is up: shutdown() must work at any point
         self._transport: Transport | None = None
@@ -210,6 +217,7 @@ class AsyncBatchedCollector:
             learning_starts=learning_starts,
             seed=seed,
             max_worker_restarts=max_worker_restarts,
+            stall_timeout=stall_timeout,
         )
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch

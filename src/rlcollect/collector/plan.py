@@ -77,6 +77,7 @@ class Plan:
     throttle: tuple[float, ReplayBuffer] | None  # (train_ratio, the buffer that counts)
     learning_starts: int
     max_worker_restarts: int
+    stall_timeout: float | None
 
     @property
     def worker_envs(self) -> int:
@@ -116,6 +117,7 @@ def plan_collection(
     learning_starts: int,
     seed: int | None,
     max_worker_restarts: int,
+    stall_timeout: float | None,
 ) -> Plan:
     """Check the collector's arguments, probe env 0 and the policy, and lay out the run
     (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
@@ -159,6 +161,7 @@ def plan_collection(
         policy, policy_factory, inference_backend, transport_obj
     )
     checks.check_int("max_worker_restarts", max_worker_restarts, minimum=0)
+    stall_timeout = checks.check_stall_timeout(stall_timeout)
     if max_worker_restarts and not transport_obj.supports_restart:
         raise ValueError(
             f"max_worker_restarts={max_worker_restarts}, but the transport "
@@ -182,6 +185,9 @@ def plan_collection(
         max_batch_size=num_envs if max_batch_size is None else max_batch_size,
         min_batch_size=min_batch_size,
         batch_timeout=batch_timeout,
+        # Half: the envs that did start are served well before a stuck one is reported
+        # (counted from the first request: see BatchingConfig).
+        first_round_timeout=None if stall_timeout is None else stall_timeout / 2,
     )
     paths, obs_fields = observation_fields(source.observation_space)
     if policy is not None:
@@ -222,6 +228,7 @@ def plan_collection(
         cuda_graph=cuda_graph,
         weights=WeightsLayout.of(served.state_dict()),
         seed=seed,
+        stall_timeout=stall_timeout,
     )
     specs = tuple(
         WorkerSpec(
@@ -256,4 +263,5 @@ def plan_collection(
         throttle=throttle,
         learning_starts=learning_starts,
         max_worker_restarts=max_worker_restarts,
+        stall_timeout=stall_timeout,
     )

@@ -55,9 +55,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rlcollect.collector.spec import Path, WorkerSpec, observation_key
+from rlcollect.collector.stall import Progress, Stage
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
-from rlcollect.transports.layout import STAGED, Key
+from rlcollect.transports.layout import PROGRESS, STAGED, Key
 
 __all__ = ["vector_loop"]
 
@@ -91,9 +92,10 @@ class _Rows:
 class _VectorEnvDriver:
     """One vector env of the worker: how to act on it, and what its results mean."""
 
-    def __init__(self, env: Any, spec: WorkerSpec, group: int) -> None:
+    def __init__(self, env: Any, spec: WorkerSpec, group: int, progress: Progress) -> None:
         source = spec.source
         self.env = env
+        self.progress = progress
         self.n = source.sub_envs
         self.first = spec.env_offset + group * self.n  # collector index of sub-env 0
         self.base = group * self.n  # worker column of sub-env 0
@@ -109,7 +111,9 @@ class _VectorEnvDriver:
 
     def reset(self) -> _Result:
         try:
+            self.progress.enter(Stage.RESET, self.first)
             obs, info = self.env.reset(seed=self.seed)
+            self.progress.leave()
         except Exception as exc:
             raise self._fail("reset") from exc
         rows = len(_leaf(obs, self.paths[0]))
@@ -118,11 +122,13 @@ class _VectorEnvDriver:
 
     def act(self, actions: np.ndarray) -> _Result:
         try:
+            self.progress.enter(Stage.STEP, self.first)
             if self.asynchronous:
                 self.env.send(actions)
                 obs, reward, term, trunc, info = self.env.recv()
             else:
                 obs, reward, term, trunc, info = self.env.step(actions)
+            self.progress.leave()
         except Exception as exc:
             raise self._fail("step") from exc
         rows = len(reward)
@@ -141,7 +147,9 @@ class _VectorEnvDriver:
         mask = np.zeros(self.n, dtype=bool)
         mask[sub_envs] = True
         try:
+            self.progress.enter(Stage.RESET, self.first)
             new, info = self.env.reset(options={"reset_mask": mask})
+            self.progress.leave()
         except Exception as exc:
             raise self._fail("reset") from exc
         return self._ids(info, len(_leaf(new, self.paths[0]))), new
@@ -179,10 +187,11 @@ def _leaf(obs: Any, path: Path) -> Any:
     return obs
 
 
-def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
-    """Run the vector-env loop until the transport closes."""
+def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress) -> None:
+    """Run the vector-env loop until the transport closes; ``progress`` marks each call
+    into a vector env (``stall.py``)."""
     _schedule_as_the_envs_driver()
-    _VectorLoop(end, spec, envs).run()
+    _VectorLoop(end, spec, envs, progress).run()
 
 
 def _schedule_as_the_envs_driver() -> None:
@@ -209,9 +218,11 @@ def _schedule_as_the_envs_driver() -> None:
 class _VectorLoop:
     """The loop's state: the worker's views of the ring and each env's bookkeeping."""
 
-    def __init__(self, end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
+    def __init__(
+        self, end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress
+    ) -> None:
         self.end = end
-        self.drivers = [_VectorEnvDriver(env, spec, g) for g, env in enumerate(envs)]
+        self.drivers = [_VectorEnvDriver(env, spec, g, progress) for g, env in enumerate(envs)]
         k = spec.num_envs
         self.k = k
         buf = end.buffers
@@ -220,7 +231,7 @@ class _VectorLoop:
         self.chunk = {
             key: a.reshape(positions * k, *a.shape[2:])
             for key, a in buf.items()
-            if key[0] != STAGED
+            if key[0] != STAGED and key != PROGRESS
         }
         self.staged = {key[1:]: a for key, a in buf.items() if key[0] == STAGED}
         self.request_index = self.staged.pop(("rows",))

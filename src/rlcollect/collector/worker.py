@@ -35,9 +35,11 @@ import numpy as np
 
 from rlcollect.collector.source import Source, describe
 from rlcollect.collector.spec import Path, WorkerSpec, observation_key
+from rlcollect.collector.stall import Progress, Stage
 from rlcollect.collector.vector_worker import vector_loop
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
+from rlcollect.transports.layout import PROGRESS
 
 __all__ = ["run_worker"]
 
@@ -81,17 +83,20 @@ def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
     """Run the worker loop until the transport closes (``ChannelClosed`` propagates)."""
     envs = []
     per_factory = spec.source.envs
+    progress = Progress(end.buffers[PROGRESS])  # every env call marked: stall_timeout
     for j, fn in enumerate(spec.env_fns):
         env_index = spec.env_offset + j * per_factory
         with _blame(env_index, "construction"):
+            progress.enter(Stage.CONSTRUCTION, env_index)
             env = fn()
+            progress.leave()
             _check_source(describe(env, f"env_fns[{env_index // per_factory}]"), spec, env_index)
         envs.append(env)
     try:
         if spec.source.vector:
-            vector_loop(end, spec, envs)
+            vector_loop(end, spec, envs, progress)
         else:
-            _loop(end, spec, envs)
+            _loop(end, spec, envs, progress)
     finally:
         for env in envs:
             try:
@@ -121,7 +126,7 @@ def _check_source(got: Source, spec: WorkerSpec, env_index: int) -> None:
             )
 
 
-def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
+def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress) -> None:
     k = len(envs)
     groups = spec.groups
     width = k // groups
@@ -149,7 +154,9 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
     for j, env in enumerate(envs):
         seed = None if spec.seed is None else spec.seed + int(env_ids[j])
         with _blame(int(env_ids[j]), "reset"):
+            progress.enter(Stage.RESET, int(env_ids[j]))
             obs, _ = env.reset(seed=seed)
+            progress.leave()
         current.append(obs)
 
     def write(p: int, g: int) -> None:
@@ -161,6 +168,7 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
         step_field[p, cols] = step[cols]
         end.request(p * groups + g)
 
+    enter, leave, STEP, RESET = progress.enter, progress.leave, Stage.STEP, Stage.RESET
     p = 0
     end.wait_slot()
     for g in range(groups):
@@ -176,7 +184,9 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
                 a = int(actions[j]) if spec.discrete_actions else actions[j]
                 # try/except, not a context manager: this runs once per env step.
                 try:
+                    enter(STEP, int(env_ids[j]))
                     obs, r, term, trunc, _ = env.step(a)
+                    leave()
                 except Exception as exc:
                     raise EnvError(int(env_ids[j]), "step") from exc
                 next_writer.write(p, j, obs, int(env_ids[j]))
@@ -196,7 +206,9 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
                     )
                 if term or trunc:
                     try:
+                        enter(RESET, int(env_ids[j]))
                         obs, _ = env.reset()
+                        leave()
                     except Exception as exc:
                         raise EnvError(int(env_ids[j]), "reset") from exc
                     episode[j] += 1

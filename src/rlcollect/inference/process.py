@@ -68,6 +68,7 @@ from rlcollect.processes import (
     child_env,
     create_segment,
     describe_exit,
+    process_stopped,
     read_handoff,
     spawn,
     stop_processes,
@@ -134,6 +135,7 @@ class InferenceConfig:
     cuda_graph: bool
     weights: WeightsLayout
     seed: int | None = None  # the policy's random stream (inference/rng.py); None: unseeded
+    stall_timeout: float | None = None  # how long the process may stay stopped (SIGSTOP)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,8 @@ class ProcessInference(InferenceBackend):
         self._control: Connection | None = None
         self._stopped = False
         self._send_lock = threading.Lock()
+        self._next_look = 0.0
+        self._stopped_since: float | None = None  # when the process was first seen stopped
         self._shm_name, self._weights = create_segment("rlcw_", 2 * config.weights.slot_bytes)
 
     # ------------------------------------------------------------------ interface
@@ -197,7 +201,33 @@ class ProcessInference(InferenceBackend):
 
     @property
     def error(self) -> InferenceError | None:
+        """The process's failure, if any. Looking also checks, at most every 0.25 s, that
+        the process is not stopped (SIGSTOP, a debugger): stopped for longer than
+        ``stall_timeout`` it is killed, and that is its error."""
+        if self._error is None and self._config.stall_timeout is not None:
+            self._look_for_a_stop(self._config.stall_timeout)
         return self._error
+
+    def _look_for_a_stop(self, timeout: float) -> None:
+        now = time.monotonic()
+        if now < self._next_look or self._proc is None or self._stopped:
+            return
+        self._next_look = now + 0.25
+        if not process_stopped(self._proc.pid):
+            self._stopped_since = None
+            return
+        if self._stopped_since is None:
+            self._stopped_since = now
+        elif now - self._stopped_since > timeout:
+            with self._cond:
+                if self._error is None:
+                    self._error = InferenceError(
+                        f"the inference process (pid {self._proc.pid}) has been stopped "
+                        f"(SIGSTOP or a debugger) for {now - self._stopped_since:.1f}"
+                        f" s: stalled (stall_timeout={timeout:g} s); it was killed"
+                    )
+                self._cond.notify_all()
+            self._proc.kill()
 
     @property
     def pid(self) -> int | None:

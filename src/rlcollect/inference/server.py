@@ -30,6 +30,7 @@ would fill the first batches with a few envs' data.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -69,6 +70,11 @@ class BatchingConfig:
         min_batch_size: observations the server waits for before a call ...
         batch_timeout: ... but never longer than this many seconds after the oldest
             waiting request arrived.
+        first_round_timeout: the first batch waits for every worker's first request
+            (all envs start together), but not longer than this many seconds after the
+            first one came: an env stuck in its first reset holds no other env back
+            beyond it, while workers slow to start (a busy machine) are still waited
+            for (the collector passes half its ``stall_timeout``). None: no bound.
 
     Raises:
         ValueError: a size that is not a positive int, ``min_batch_size >
@@ -76,8 +82,9 @@ class BatchingConfig:
 
     Examples:
         >>> from rlcollect.inference import BatchingConfig
-        >>> BatchingConfig(max_batch_size=16, min_batch_size=8, batch_timeout=2e-3)
-        BatchingConfig(max_batch_size=16, min_batch_size=8, batch_timeout=0.002)
+        >>> config = BatchingConfig(max_batch_size=16, min_batch_size=8, batch_timeout=2e-3)
+        >>> config.min_batch_size, config.batch_timeout, config.first_round_timeout
+        (8, 0.002, None)
         >>> BatchingConfig(max_batch_size=4, min_batch_size=8)
         Traceback (most recent call last):
         ...
@@ -87,6 +94,7 @@ class BatchingConfig:
     max_batch_size: int
     min_batch_size: int = 1
     batch_timeout: float = 1e-3
+    first_round_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
@@ -100,6 +108,9 @@ class BatchingConfig:
             )
         if not isinstance(self.batch_timeout, (int, float)) or not self.batch_timeout >= 0:
             raise ValueError(f"batch_timeout must be a number >= 0, got {self.batch_timeout!r}")
+        bound = self.first_round_timeout
+        if bound is not None and (not isinstance(bound, (int, float)) or not bound > 0):
+            raise ValueError(f"first_round_timeout must be a number > 0 or None, got {bound!r}")
 
 
 class InferenceServer(InferenceBackend):
@@ -385,12 +396,20 @@ class InferenceServer(InferenceBackend):
 
     def _await_first_requests(self, pending: deque[tuple[int, int, float]]) -> None:
         missing = set(range(self._layout.num_workers))
-        while missing and not self._stop.is_set():
+        bound = (
+            math.inf
+            if self._batching.first_round_timeout is None
+            else (self._batching.first_round_timeout)
+        )
+        deadline = math.inf  # set by the first request
+        while missing and not self._stop.is_set() and time.monotonic() < deadline:
             if self._pause.is_set():
                 self._hold()
                 continue
             new = self._end.wait_requests(_IDLE_WAIT)
             now = time.perf_counter()
+            if new and not pending:
+                deadline = time.monotonic() + bound
             pending.extend((w, p, now) for w, p in new)
             missing.difference_update(w for w, _ in new)
 

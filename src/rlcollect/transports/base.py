@@ -383,6 +383,22 @@ class Transport(ABC):
             f"worker {worker} stays failed; use max_worker_restarts=0 with this transport"
         )
 
+    def worker_stack(self, worker: int) -> str | None:
+        """The Python stack of ``worker`` now, for the error of a stalled worker
+        (``stall_timeout``), or None where it cannot be had (a stopped process; by
+        default). Called from the consuming thread; returns within about a second.
+        """
+        return None
+
+    def stop_worker(self, worker: int) -> bool:
+        """Stop stalled worker ``worker`` at once, so that its end reaches
+        :meth:`ServerEnd.wait_chunks` as any worker's death does (after every chunk it
+        handed over), and the collector restarts it (``max_worker_restarts``) or raises
+        the stall. Returns False where a worker cannot be stopped (by default; threads):
+        the collector then raises the stall at once and leaves the worker behind.
+        """
+        return False
+
     def request_channel(self) -> RequestChannel:
         """Hand the request side to a server in another process (see
         :class:`RequestChannel`); the driver's end stops serving requests. Transports

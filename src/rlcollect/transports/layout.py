@@ -57,6 +57,13 @@ Path = tuple[str, ...]
 #: First name of every staged array's key; ``(STAGED, "rows")`` is the request index.
 STAGED = "staged"
 
+#: Key of the workers' progress records, ``[num_workers, PROGRESS_WIDTH]`` int64: what
+#: each worker is doing and since when, written by the worker and read by the driver to
+#: tell a stalled env from a slow one (``stall_timeout``; ``collector/stall.py`` keeps
+#: the record's protocol). Every ring has it, beside the transition fields.
+PROGRESS: Key = ("progress",)
+PROGRESS_WIDTH = 4
+
 _ALIGN = 4096  # a page: no two fields share a cache line (no false sharing), and each
 # field can be page-locked (cudaHostRegister) on its own
 
@@ -177,6 +184,8 @@ class RingLayout:
             raise ValueError(f"RingLayout has duplicate field keys: {keys}")
         if any(key[0] == STAGED for key in keys):
             raise ValueError(f"field keys may not start with {STAGED!r}: {keys}")
+        if PROGRESS in keys:
+            raise ValueError(f"{PROGRESS!r} is the ring's own key, not a field key")
         if self.staging is None and self.envs_per_worker % self.groups:
             raise ValueError(
                 f"RingLayout: {self.envs_per_worker} envs per worker do not split into "
@@ -217,6 +226,7 @@ class RingLayout:
                 f = by_key[key]
                 yield (STAGED, *key), (w, 2 * k, *f.shape), f.dtype
             yield (STAGED, "rows"), (w, self.groups, self.staging.columns), np.dtype(np.int64)
+        yield PROGRESS, (w, PROGRESS_WIDTH), np.dtype(np.int64)
 
     def _offsets(self) -> list[tuple[Key, tuple[int, ...], np.dtype[np.generic], int, int]]:
         out = []
@@ -242,7 +252,8 @@ class RingLayout:
         Transition fields under their keys, ``[num_workers, positions, envs_per_worker,
         *shape]``; staged arrays (if any) under ``("staged", *key)``,
         ``[num_workers, 2 * envs_per_worker, *shape]``, and the request index under
-        ``("staged", "rows")``, ``[num_workers, groups, columns]``.
+        ``("staged", "rows")``, ``[num_workers, groups, columns]``; the workers'
+        progress records under :data:`PROGRESS`, ``[num_workers, PROGRESS_WIDTH]``.
 
         Args:
             buffer: at least :attr:`nbytes` bytes (shared memory, an mmap, ...).

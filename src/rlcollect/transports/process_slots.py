@@ -76,6 +76,7 @@ safe (how the new worker tells its answers from its predecessor's: ``generations
 
 from __future__ import annotations
 
+import faulthandler
 import mmap
 import os
 import pickle
@@ -83,6 +84,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,6 +98,7 @@ from rlcollect.processes import (
     batch_scheduling,
     child_env,
     create_segment,
+    process_stopped,
     read_handoff,
     spawn,
     stop_processes,
@@ -116,6 +119,7 @@ __all__ = ["ProcessSlotTransport"]
 
 _MESSAGE = struct.Struct("<ii")  # (worker, position or slot), little-endian int32 pair
 _STOP_WAIT = 2.0  # seconds a worker gets to exit once its pipes close, before a kill
+_STACK_WAIT = 1.0  # seconds a stalled worker gets to write its stack (worker_stack)
 # The worker's argument: the descriptor of the file holding its header and program.
 _CHILD = "from rlcollect.transports.process_slots import _worker_main; _worker_main()"
 
@@ -133,6 +137,7 @@ class _Header:
     credits_r: int
     reports_w: int
     generation: int = 0
+    stack_fd: int = -1  # where SIGUSR1 makes the worker write its stack (worker_stack)
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -194,6 +199,10 @@ def _worker_main() -> None:
     batch_scheduling()
     header: _Header
     header, payload = read_handoff()
+    if header.stack_fd >= 0:
+        # Written from the signal handler in C: works while the worker is stuck in a
+        # native call too. The driver asks with SIGUSR1 when the worker stalled.
+        faulthandler.register(signal.SIGUSR1, file=header.stack_fd, all_threads=True)
     try:
         ring = attach_segment(header.shm_name, header.layout.nbytes)
     except FileNotFoundError:
@@ -266,6 +275,9 @@ class ProcessSlotTransport(Transport):
         self._shared_w: tuple[int, int] | None = None  # requests, chunks write ends
         self._responses_r: list[int] = []
         self._generations: list[int] = []
+        # Per worker, an anonymous file the worker dumps its stack into (worker_stack);
+        # a restarted worker inherits its predecessor's.
+        self._stack_fds: list[int] = []
         self._child_env: dict[str, str] = {}
 
     supports_restart = True
@@ -328,6 +340,7 @@ class ProcessSlotTransport(Transport):
         requests_r, requests_w = os.pipe()
         chunks_r, chunks_w = os.pipe()
         pipes = [(os.pipe(), os.pipe(), os.pipe()) for _ in programs]
+        self._stack_fds = [_stack_file() for _ in programs]
         child_fds = [requests_w, chunks_w]
         for responses, credits, reports in pipes:
             child_fds += [responses[0], credits[0], reports[1]]
@@ -345,7 +358,17 @@ class ProcessSlotTransport(Transport):
         self._child_env = child_env(single_threaded=True)
         try:
             for i, (payload, (resp, cred, rep)) in enumerate(zip(payloads, pipes, strict=True)):
-                header = _Header(i, name, layout, requests_w, chunks_w, resp[0], cred[0], rep[1])
+                header = _Header(
+                    i,
+                    name,
+                    layout,
+                    requests_w,
+                    chunks_w,
+                    resp[0],
+                    cred[0],
+                    rep[1],
+                    stack_fd=self._stack_fds[i],
+                )
                 self._procs.append(self._spawn(header, payload))
         except BaseException:
             for fd in child_fds:
@@ -365,7 +388,7 @@ class ProcessSlotTransport(Transport):
 
     def _spawn(self, header: _Header, payload: bytes) -> subprocess.Popen[bytes]:
         h = header
-        fds = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w)
+        fds = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w, h.stack_fd)
         return spawn(_CHILD, header, payload, pass_fds=fds, env=self._child_env)
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
@@ -405,11 +428,46 @@ class ProcessSlotTransport(Transport):
                 credits_r,
                 reports_w,
                 generation=self._generations[worker],
+                stack_fd=self._stack_fds[worker],
             )
             self._procs[worker] = self._spawn(header, payload)
         finally:
             os.close(credits_r)
             os.close(reports_w)
+
+    def worker_stack(self, worker: int) -> str | None:
+        """The worker's Python stack (every thread of it), which it writes when sent
+        SIGUSR1; None when it is stopped, has exited, or writes nothing within a second."""
+        if self._closed or worker >= len(self._procs) or self._procs[worker].poll() is not None:
+            return None
+        proc, fd = self._procs[worker], self._stack_fds[worker]
+        if process_stopped(proc.pid):
+            return None  # the signal would wait until it runs again
+        # The worker shares this file's offset (one open file description): rewind it.
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.kill(proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + _STACK_WAIT
+        size = 0
+        while time.monotonic() < deadline:
+            # Bounded polling: the handler writes the whole dump at once, in C.
+            time.sleep(0.02)
+            now = os.fstat(fd).st_size
+            if now and now == size:
+                break
+            size = now
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+        return data.decode(errors="replace") or None
+
+    def stop_worker(self, worker: int) -> bool:
+        """Kill the worker's process (SIGKILL also ends a stopped one); its death then
+        reaches ``wait_chunks`` as any worker's does."""
+        if self._closed or worker >= len(self._procs):
+            return False
+        proc = self._procs[worker]
+        if proc.poll() is None:
+            proc.kill()
+        return True
 
     def close(self) -> None:
         if self._closed:
@@ -422,11 +480,19 @@ class ProcessSlotTransport(Transport):
         stop_processes(self._procs, timeout=_STOP_WAIT)
         if self._server is not None:
             self._server.close_fds()
-        for fd in (*(self._shared_w or ()), *self._responses_r):
+        for fd in (*(self._shared_w or ()), *self._responses_r, *self._stack_fds):
             os.close(fd)
-        self._shared_w, self._responses_r = None, []
+        self._shared_w, self._responses_r, self._stack_fds = None, [], []
         if self._finalizer is not None:
             self._finalizer.detach()
+
+
+def _stack_file() -> int:
+    """An anonymous in-memory file (no name to leave behind), or -1 where there is none."""
+    try:
+        return os.memfd_create("rlcollect-worker-stack")
+    except (AttributeError, OSError):
+        return -1
 
 
 def _emergency_cleanup(name: str, procs: list[subprocess.Popen[bytes]]) -> None:

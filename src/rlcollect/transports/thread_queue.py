@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import mmap
 import queue
+import sys
 import threading
+import traceback
 from collections.abc import Sequence
 
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError, WorkerFailure
@@ -228,6 +230,13 @@ class ThreadQueueTransport(Transport):
         )
         thread.start()
         return thread
+
+    def worker_stack(self, worker: int) -> str | None:
+        """The worker thread's stack, from the interpreter's frames of every thread."""
+        if worker >= len(self._threads):
+            return None
+        frame = sys._current_frames().get(self._threads[worker].ident or -1)
+        return None if frame is None else "".join(traceback.format_stack(frame))
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Start a new thread for ``worker`` after its old one failed.
