@@ -204,3 +204,13 @@ class UnpicklablePolicy(CountingPolicy):
     def __init__(self) -> None:
         super().__init__()
         self.lock = threading.Lock()
+
+
+def slow_policy_in_child(marker: str, driver_pid: int) -> CountingPolicy:
+    """A policy factory that is quick in the driver (the probe) and, in the inference
+    process, marks ``marker`` and then takes two minutes: a policy still being built."""
+    if os.getpid() != driver_pid:
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        threading.Event().wait(120)
+    return CountingPolicy()

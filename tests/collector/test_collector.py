@@ -438,6 +438,81 @@ def test_ctrl_c_in_the_driver_leaves_nothing_behind():
     assert not shm_exists(name)
 
 
+CTRL_C_AT_START_DRIVER = """
+import functools, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as CTRL_C_DRIVER says
+sys.path.insert(0, {tests!r})
+from helpers import slow_policy_in_child
+from rlcollect import AsyncBatchedCollector
+from rlcollect.testing import CountingEnv
+factory = functools.partial(slow_policy_in_child, {marker!r}, os.getpid())
+AsyncBatchedCollector([functools.partial(CountingEnv, i) for i in range(2)], None,
+                      policy_factory=factory,
+                      frames_per_batch=8, total_frames=-1, transport="process_slots",
+                      inference_backend="process", policy_device="cpu")
+"""
+
+
+def children(pid):
+    """Process ids whose parent is ``pid``, from /proc."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    status = f.read()
+            except OSError:
+                continue
+            if f"\nPPid:\t{pid}\n" in status:
+                found.append(int(entry))
+    return found
+
+
+def segments_of(pids):
+    """The /dev/shm names mapped by processes ``pids``."""
+    names = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                shm = [line for line in f if "/dev/shm/" in line]
+            names.update(line.split("/dev/shm/")[1].strip() for line in shm)
+        except OSError:
+            pass
+    return names
+
+
+def test_ctrl_c_while_the_inference_process_starts_leaves_nothing_behind(tmp_path):
+    """Ctrl-C while the driver waits for the inference process (its policy is being
+    built there): KeyboardInterrupt, and no process or segment is left."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    marker = tmp_path / "building"
+    tests = str(Path(__file__).resolve().parents[1])
+    script = CTRL_C_AT_START_DRIVER.format(tests=tests, marker=str(marker))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_until(marker.exists, timeout=120, what="the inference process to build its policy")
+        kids = children(driver.pid)
+        names = segments_of(kids)
+        assert len(kids) == 3, kids  # two workers and the inference process
+        assert names, "no segment mapped"
+        os.kill(driver.pid, signal.SIGINT)
+        _, err = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+    assert driver.returncode != 0
+    assert "KeyboardInterrupt" in err, err[-2000:]
+    wait_until(lambda: all(process_gone(p) for p in kids), what="the driver's children")
+    assert [n for n in names if shm_exists(n)] == []
+
+
 def test_collectors_in_a_loop_leak_no_fds_processes_or_segments(transport):
     import os
 

@@ -100,3 +100,42 @@ def test_weights_that_cannot_all_be_applied_change_nothing(backend):
         assert all(bool((b["action"] == 2).all()) for b in later)  # still round(1 + 1)
         assert all(bool((b["policy_version"] == 0).all()) for b in later)
         assert c.update_policy_weights_({"a": torch.tensor(3.0), "b": torch.tensor(3.0)}) == 1
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_too_few_file_descriptors_is_a_clear_error_and_leaks_none(backend):
+    """A low fd limit fails construction half-way through opening the workers' pipes:
+    a CollectorError naming the limit and the remedy, and every descriptor opened
+    before the failure closed again."""
+    import gc
+    import os
+    import resource
+
+    def fds():
+        gc.collect()  # what a failed construction left for garbage collection is no leak
+        return len(os.listdir("/proc/self/fd"))
+
+    def make():
+        return AsyncBatchedCollector(
+            counting_envs(8),
+            CountingPolicy(),
+            frames_per_batch=8,
+            total_frames=16,
+            policy_device="cpu",
+            inference_backend=backend,
+        )
+
+    with make() as c:  # warm up imports and lazy state
+        list(c)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = fds()
+    # Room for a few workers' pipes but not all eight workers' (each takes about 7 while
+    # they start), so the failure comes half-way through.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (before + 20, hard))
+    try:
+        expected = r"ran out of file descriptors starting 8 workers .*ulimit -n"
+        with pytest.raises(CollectorError, match=expected):
+            make()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert fds() == before

@@ -31,6 +31,23 @@ class ShapeShifter(CountingPolicy):
         return out
 
 
+class TypeShifter(CountingPolicy):
+    """From its ``at``-th call on, returns float actions (the same numbers plus a half),
+    where it returned integers at construction: a cast would truncate them quietly."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.calls = 0
+        self.at = at
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().forward(obs)
+        self.calls += 1
+        if self.calls >= self.at:
+            out["action"] = out["action"].double() + 0.5
+        return out
+
+
 def respond_raising_after(base, calls):
     """A transport whose server end's respond() raises on its ``calls``-th call."""
 
@@ -84,6 +101,22 @@ def test_output_that_breaks_the_scatter_reaches_the_caller(transport):
     error = first_error_within_bound(c)
     assert isinstance(error, InferenceError), repr(error)
     assert "inference server failed" in str(error) and "value" in str(error), str(error)
+    check_clean(c)
+
+
+def test_output_of_another_dtype_reaches_the_caller_named(transport):
+    c = AsyncBatchedCollector(
+        counting_envs(3),
+        TypeShifter(at=5),
+        frames_per_batch=8,
+        total_frames=-1,
+        transport=transport,
+        policy_device="cpu",
+    )
+    error = first_error_within_bound(c)
+    assert isinstance(error, InferenceError), repr(error)
+    assert isinstance(error.__cause__, TypeError)
+    assert "policy output ('action',) is float64 now, but it was int64" in str(error), str(error)
     check_clean(c)
 
 

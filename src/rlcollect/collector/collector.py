@@ -23,6 +23,8 @@ Every argument is described in ``docs/usage.md``.
 from __future__ import annotations
 
 import contextlib
+import errno
+import resource
 import threading
 import time
 import weakref
@@ -243,6 +245,17 @@ class AsyncBatchedCollector:
                 transport=plan.transport,
                 end=end,
             )
+        except OSError as exc:
+            self.shutdown()
+            if exc.errno != errno.EMFILE:
+                raise
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise CollectorError(
+                f"ran out of file descriptors starting {plan.layout.num_workers} workers "
+                f"(this process may open {limit}; a worker process takes about 5 here): "
+                "raise the limit (ulimit -n, or resource.setrlimit(resource.RLIMIT_NOFILE, "
+                "...)) or put more envs in each worker (envs_per_worker)"
+            ) from exc
         except BaseException:
             self.shutdown()
             raise

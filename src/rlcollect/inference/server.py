@@ -447,6 +447,12 @@ class InferenceServer(InferenceBackend):
                     f"policy output {key} has shape {src.shape[1:]} per env, but it had "
                     f"{dst.shape[1:]} when the collector was built"
                 )
+            if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, "same_kind"):
+                # numpy's assignment would cast anyway: floats into integers, truncated
+                raise TypeError(
+                    f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when "
+                    "the collector was built; a cast would lose what it holds"
+                )
             dst[flat] = src
         self._version_rows[flat] = version
         t3 = clock()

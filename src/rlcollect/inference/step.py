@@ -295,6 +295,7 @@ class DeviceStep(ActionStep):
                 graph.replay()
             else:
                 out = self._step(self._inputs_of(size))
+                _check_outputs(out, self._pinned_out)  # a graph's outputs cannot change
             e2.record()
             for key, dst in self._pinned_out.items():
                 dst[:rows].copy_(out[key][:rows], non_blocking=True)
@@ -320,6 +321,24 @@ class _CudaArray:
             "data": (array.ctypes.data, False),
             "version": 3,
         }
+
+
+def _check_outputs(out: Mapping[Key, torch.Tensor], fields: Mapping[Key, torch.Tensor]) -> None:
+    """Each output still fits its ring field (``fields``: a tensor of the field's dtype
+    and per-env shape): a float where the probe returned integers would be truncated
+    by the copy, a new shape broadcast or refused without naming the output."""
+    for key, dst in fields.items():
+        src = out[key]
+        if src.shape[1:] != dst.shape[1:]:
+            raise ValueError(
+                f"policy output {key} has shape {tuple(src.shape[1:])} per env, but it had "
+                f"{tuple(dst.shape[1:])} when the collector was built"
+            )
+        if not torch.can_cast(src.dtype, dst.dtype):
+            raise TypeError(
+                f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when the "
+                "collector was built; a cast would lose what it holds"
+            )
 
 
 def _register(array: np.ndarray, device: torch.device) -> torch.Tensor | None:

@@ -337,24 +337,41 @@ class ProcessSlotTransport(Transport):
         self._layout = layout
         self._finalizer = weakref.finalize(self, _emergency_cleanup, name, self._procs)
 
-        requests_r, requests_w = os.pipe()
-        chunks_r, chunks_w = os.pipe()
-        pipes = [(os.pipe(), os.pipe(), os.pipe()) for _ in programs]
-        self._stack_fds = [_stack_file() for _ in programs]
-        child_fds = [requests_w, chunks_w]
-        for responses, credits, reports in pipes:
-            child_fds += [responses[0], credits[0], reports[1]]
-            os.write(credits[1], b"\x01" * layout.slots)  # the ring starts all free
-        self._server = ProcessServerEnd(
-            layout,
-            ring,
-            self._procs,
-            requests_r,
-            chunks_r,
-            responses_w=[p[0][1] for p in pipes],
-            credits_w=[p[1][1] for p in pipes],
-            reports_r=[p[2][0] for p in pipes],
-        )
+        # Until the server end owns the driver's ends, every descriptor is in `opened`,
+        # closed if anything fails (a low fd limit fails here, half-way through).
+        opened: list[int] = []
+
+        def pipe() -> tuple[int, int]:
+            ends = os.pipe()
+            opened.extend(ends)
+            return ends
+
+        try:
+            requests_r, requests_w = pipe()
+            chunks_r, chunks_w = pipe()
+            pipes = [(pipe(), pipe(), pipe()) for _ in programs]
+            for _ in programs:
+                self._stack_fds.append(_stack_file())
+            child_fds = [requests_w, chunks_w]
+            for responses, credits, reports in pipes:
+                child_fds += [responses[0], credits[0], reports[1]]
+                os.write(credits[1], b"\x01" * layout.slots)  # the ring starts all free
+            self._server = ProcessServerEnd(
+                layout,
+                ring,
+                self._procs,
+                requests_r,
+                chunks_r,
+                responses_w=[p[0][1] for p in pipes],
+                credits_w=[p[1][1] for p in pipes],
+                reports_r=[p[2][0] for p in pipes],
+            )
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            del ring  # its mapping holds a descriptor too
+            self.close()  # unlinks the segment, closes the stack files
+            raise
         self._child_env = child_env(single_threaded=True)
         try:
             for i, (payload, (resp, cred, rep)) in enumerate(zip(payloads, pipes, strict=True)):
@@ -388,7 +405,9 @@ class ProcessSlotTransport(Transport):
 
     def _spawn(self, header: _Header, payload: bytes) -> subprocess.Popen[bytes]:
         h = header
-        fds = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w, h.stack_fd)
+        fds = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w)
+        if h.stack_fd >= 0:
+            fds += (h.stack_fd,)
         return spawn(_CHILD, header, payload, pass_fds=fds, env=self._child_env)
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
@@ -441,7 +460,7 @@ class ProcessSlotTransport(Transport):
         if self._closed or worker >= len(self._procs) or self._procs[worker].poll() is not None:
             return None
         proc, fd = self._procs[worker], self._stack_fds[worker]
-        if process_stopped(proc.pid):
+        if fd < 0 or process_stopped(proc.pid):
             return None  # the signal would wait until it runs again
         # The worker shares this file's offset (one open file description): rewind it.
         os.ftruncate(fd, 0)
@@ -480,7 +499,8 @@ class ProcessSlotTransport(Transport):
         stop_processes(self._procs, timeout=_STOP_WAIT)
         if self._server is not None:
             self._server.close_fds()
-        for fd in (*(self._shared_w or ()), *self._responses_r, *self._stack_fds):
+        stacks = [fd for fd in self._stack_fds if fd >= 0]
+        for fd in (*(self._shared_w or ()), *self._responses_r, *stacks):
             os.close(fd)
         self._shared_w, self._responses_r, self._stack_fds = None, [], []
         if self._finalizer is not None:
@@ -488,7 +508,8 @@ class ProcessSlotTransport(Transport):
 
 
 def _stack_file() -> int:
-    """An anonymous in-memory file (no name to leave behind), or -1 where there is none."""
+    """An anonymous in-memory file (no name to leave behind), or -1 where there is none
+    (or no descriptor is left: the stack is a nicety)."""
     try:
         return os.memfd_create("rlcollect-worker-stack")
     except (AttributeError, OSError):
