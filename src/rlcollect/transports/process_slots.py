@@ -405,7 +405,7 @@ class ProcessSlotTransport(Transport):
 
     def _spawn(self, header: _Header, payload: bytes) -> subprocess.Popen[bytes]:
         h = header
-        fds = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w)
+        fds: tuple[int, ...] = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w)
         if h.stack_fd >= 0:
             fds += (h.stack_fd,)
         return spawn(_CHILD, header, payload, pass_fds=fds, env=self._child_env)
