@@ -154,6 +154,22 @@ def attach_segment(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def release_mapping(mapping: mmap.mmap) -> None:
+    """Give a ring's memory back now, not at garbage collection: the pages go at once
+    (``MADV_REMOVE``, which frees a shared segment's memory, unlinked or not), then the
+    mapping itself unless numpy views of it are still held (they read zeros from here
+    on; every batch the collector yielded is a copy). Only once nothing steps or
+    serves any more: the transport's ``close`` after its workers stopped."""
+    try:
+        mapping.madvise(mmap.MADV_REMOVE)
+    except (AttributeError, OSError, ValueError):
+        pass  # no MADV_REMOVE here, or pages page-locked by a GPU: freed when unmapped
+    try:
+        mapping.close()
+    except BufferError:
+        pass  # views still held (a stuck worker thread, a caller's reference): GC unmaps
+
+
 def unlink_segment(name: str) -> None:
     """Remove segment ``name``; already gone is fine."""
     try:

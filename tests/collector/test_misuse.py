@@ -139,3 +139,35 @@ def test_too_few_file_descriptors_is_a_clear_error_and_leaks_none(backend):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert fds() == before
+
+
+def resident_kib(name):
+    """Resident memory (KiB) of this process's mappings of /dev/shm/``name``."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's header line: "start-end perms ..."
+                inside = f"/dev/shm/{name}" in line
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+def test_shutdown_gives_the_rings_memory_back_at_once():
+    """shutdown() itself frees the ring's memory, while the collector object (and the
+    views its parts hold) are still referenced; the batches stay whole (copies)."""
+    c = AsyncBatchedCollector(
+        counting_envs(2),
+        CountingPolicy(),
+        frames_per_batch=64,
+        total_frames=-1,
+        policy_device="cpu",
+        transport="process_slots",
+    )
+    batch = next(c)
+    name = c.transport.shm_name
+    assert resident_kib(name) > 0  # the ring is in use and mapped here
+    expected = batch["observation"].clone()
+    c.shutdown()
+    assert resident_kib(name) == 0
+    assert torch.equal(batch["observation"], expected)

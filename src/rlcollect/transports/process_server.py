@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
-from rlcollect.processes import attach_segment, describe_exit, wait_exit
+from rlcollect.processes import attach_segment, describe_exit, release_mapping, wait_exit
 from rlcollect.transports.base import RequestChannel, RequestEnd, ServerEnd
 from rlcollect.transports.generations import Generations, response_token
 from rlcollect.transports.layout import RingLayout
@@ -54,6 +54,7 @@ class ProcessServerEnd(ServerEnd):
         reports_r: list[int],
     ) -> None:
         self.buffers = layout.views(ring)
+        self._ring = ring
         self._procs = procs
         self._requests_r = requests_r
         self._chunks_r = chunks_r
@@ -202,6 +203,13 @@ class ProcessServerEnd(ServerEnd):
             os.write(self._wake_w, b"\x01")
             for fd in (*self._responses_w, *self._credits_w):
                 os.close(fd)
+
+    def close_all(self) -> None:
+        """Close every remaining driver fd and give the ring's memory back; only after
+        abort(), with no waits running and the workers stopped."""
+        self.buffers = {}
+        release_mapping(self._ring)
+        self.close_fds()
 
     def close_fds(self) -> None:
         """Close every remaining driver fd; only after abort() and with no waits running."""

@@ -498,7 +498,7 @@ class ProcessSlotTransport(Transport):
             unlink_segment(self._shm_name)
         stop_processes(self._procs, timeout=_STOP_WAIT)
         if self._server is not None:
-            self._server.close_fds()
+            self._server.close_all()
         stacks = [fd for fd in self._stack_fds if fd >= 0]
         for fd in (*(self._shared_w or ()), *self._responses_r, *stacks):
             os.close(fd)

@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Sequence
 
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError, WorkerFailure
+from rlcollect.processes import release_mapping
 from rlcollect.transports.base import (
     ServerEnd,
     Transport,
@@ -50,8 +51,8 @@ class _Server(ServerEnd):
     def __init__(self, layout: RingLayout) -> None:
         # Anonymous mmap rather than np.zeros: page-aligned (zeroed) memory, so the
         # fields can be page-locked one by one for a GPU-side gather.
-        self._storage = mmap.mmap(-1, layout.nbytes)
-        self.buffers = layout.views(self._storage)
+        self.storage = mmap.mmap(-1, layout.nbytes)
+        self.buffers = layout.views(self.storage)
         self.requests: queue.SimpleQueue[_Token] = queue.SimpleQueue()
         self.chunks: queue.SimpleQueue[_Token] = queue.SimpleQueue()
         self.responses: list[queue.SimpleQueue[_Token]] = []
@@ -283,3 +284,6 @@ class ThreadQueueTransport(Transport):
         for thread in self._threads:
             if thread is not current:
                 thread.join(_JOIN_TIMEOUT)
+        if self._server is not None:
+            self._server.buffers = {}
+            release_mapping(self._server.storage)
