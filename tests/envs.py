@@ -215,3 +215,16 @@ class HangOnce(CountingEnv):
         if not self.in_reset and (self.episode, self.t) == self.at:
             self._hang_here()
         return super().step(action)
+
+
+def HangingFactory(marker):
+    """An env factory that blocks the first time it is called (per ``marker`` file),
+    until RELEASE_HANGS is set or five minutes pass."""
+    import os
+
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return CountingEnv(0)
+    RELEASE_HANGS.wait(300)
+    return CountingEnv(0)

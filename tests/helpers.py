@@ -214,3 +214,21 @@ def slow_policy_in_child(marker: str, driver_pid: int) -> CountingPolicy:
             f.write(str(os.getpid()))
         threading.Event().wait(120)
     return CountingPolicy()
+
+
+def forking_policy_in_child(pidfile: str, driver_pid: int) -> CountingPolicy:
+    """A policy factory that, in the inference process, starts a process inheriting
+    every inheritable descriptor (the status pipe's write end among them) that outlives
+    it, and writes that process's pid to ``pidfile``."""
+    import subprocess
+
+    if os.getpid() != driver_pid:
+        child = subprocess.Popen(
+            ["sleep", "120"],
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with open(pidfile, "w") as f:
+            f.write(str(child.pid))
+    return CountingPolicy()

@@ -14,7 +14,7 @@ import time
 import envs
 import pytest
 import torch
-from envs import HangOnce
+from envs import HangingFactory, HangOnce
 from helpers import CountingPolicy, check_clean, counting_envs, process_gone, wait_until
 from test_restarts import check_restarted_streams, collect_past_restarts
 
@@ -145,6 +145,16 @@ def test_waiting_for_the_learner_is_no_stall(transport):
         time.sleep(1.5)  # the learner "learning"; the workers wait for free slots
         for _ in range(5):
             next(c)
+
+
+def test_an_env_factory_that_never_returns_is_a_named_error_at_construction(tmp_path):
+    """Env 0 is built once in the driver (the probe) before anything starts: a factory
+    that never returns there is a WorkerError after stall_timeout, not a hang."""
+    fn = functools.partial(HangingFactory, str(tmp_path / "hung"))
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"env_fns\[0\] has not returned an env in 1 s"):
+        make("process_slots", [fn, *counting_envs(1)])
+    assert time.monotonic() - started < LIMIT
 
 
 @pytest.mark.parametrize("value", [0, -1.0, True, "60"])

@@ -1,7 +1,9 @@
 """The "process" inference backend: the server in its own process, weights over shm."""
 
+import functools
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from helpers import (
     collect,
     counting_collector,
     counting_envs,
+    forking_policy_in_child,
     process_gone,
     shm_exists,
     wait_until,
@@ -108,6 +111,34 @@ def test_a_killed_inference_process_reaches_the_caller():
         for _ in c:
             pass
     check_backend_gone(c)
+
+
+def test_a_killed_inference_process_is_found_while_its_status_pipe_stays_open(tmp_path):
+    """Its death is seen from the process itself: a process it started still holds the
+    status pipe's write end, so that pipe's end of file never comes."""
+    pidfile = tmp_path / "grandchild"
+    factory = functools.partial(forking_policy_in_child, str(pidfile), os.getpid())
+    c = AsyncBatchedCollector(
+        counting_envs(2),
+        None,
+        policy_factory=factory,
+        frames_per_batch=8,
+        total_frames=-1,
+        inference_backend="process",
+        policy_device="cpu",
+    )
+    grandchild = int(pidfile.read_text())
+    try:
+        next(c)
+        pid = c.server.pid
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        with pytest.raises(InferenceError, match=rf"\(pid {pid}\) died: killed by SIGKILL"):
+            while time.monotonic() < deadline:
+                next(c)
+        check_backend_gone(c)
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
 
 
 def test_pause_holds_the_inference_process():

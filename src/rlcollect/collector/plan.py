@@ -169,7 +169,7 @@ def plan_collection(
             "is False)"
         )
 
-    source = probe_source(env_fns[0])
+    source = probe_source(env_fns[0], stall_timeout)
     if max_worker_restarts and source.vector:
         raise ValueError(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "

@@ -9,6 +9,7 @@ is then laid out from both.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,16 +19,25 @@ from gymnasium import spaces
 
 from rlcollect.collector.source import Source, describe
 from rlcollect.collector.spec import observation_key
+from rlcollect.errors import WorkerError
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Path
 
 __all__ = ["build_policy", "observation_fields", "probe_policy", "probe_source", "served_policy"]
 
 
-def probe_source(env_fn: Callable[[], Any]) -> Source:
-    """Build env 0 once in the driver to learn what every factory must build."""
+def probe_source(env_fn: Callable[[], Any], timeout: float | None = None) -> Source:
+    """Build env 0 once in the driver to learn what every factory must build.
+
+    With a ``timeout`` (the collector's ``stall_timeout``) the factory runs in a thread
+    of its own, so that one that never returns is a ``WorkerError`` after that long
+    rather than a constructor that never returns (the thread is left behind: a thread
+    cannot be stopped).
+    """
     try:
-        env = env_fn()
+        env = env_fn() if timeout is None else _within(env_fn, timeout)
+    except WorkerError:
+        raise
     except Exception as exc:
         raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
     try:
@@ -36,6 +46,32 @@ def probe_source(env_fn: Callable[[], Any]) -> Source:
         close = getattr(env, "close", None)
         if callable(close):
             close()
+
+
+def _within(env_fn: Callable[[], Any], timeout: float) -> Any:
+    done = threading.Event()
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            result.append(env_fn())
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=build, name="rlcollect-probe-env", daemon=True).start()
+    if not done.wait(timeout):
+        raise WorkerError(
+            f"env_fns[0] has not returned an env in {timeout:g} s while the collector built "
+            f"its probe env: stalled (stall_timeout={timeout:g} s)",
+            worker_index=-1,  # no worker: the driver's own probe
+            env_index=0,
+        )
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 def observation_fields(space: Any) -> tuple[tuple[Path, ...], tuple[Field, ...]]:

@@ -201,19 +201,30 @@ class ProcessInference(InferenceBackend):
 
     @property
     def error(self) -> InferenceError | None:
-        """The process's failure, if any. Looking also checks, at most every 0.25 s, that
-        the process is not stopped (SIGSTOP, a debugger): stopped for longer than
+        """The process's failure, if any. Looking also checks the process itself, at most
+        every 0.25 s: its death is found even where its status pipe stays open (a child
+        of it holding a copy), and stopped (SIGSTOP, a debugger) for longer than
         ``stall_timeout`` it is killed, and that is its error."""
-        if self._error is None and self._config.stall_timeout is not None:
-            self._look_for_a_stop(self._config.stall_timeout)
+        if self._error is None:
+            self._look_at_the_process(self._config.stall_timeout)
         return self._error
 
-    def _look_for_a_stop(self, timeout: float) -> None:
+    def _look_at_the_process(self, timeout: float | None) -> None:
         now = time.monotonic()
         if now < self._next_look or self._proc is None or self._stopped:
             return
         self._next_look = now + 0.25
-        if not process_stopped(self._proc.pid):
+        code = self._proc.poll()
+        if code is not None:
+            with self._cond:
+                if self._error is None and not self._stopped:
+                    self._error = InferenceError(
+                        f"the inference process (pid {self._proc.pid}) died: "
+                        f"{describe_exit(code, 'status pipe')}"
+                    )
+                self._cond.notify_all()
+            return
+        if timeout is None or not process_stopped(self._proc.pid):
             self._stopped_since = None
             return
         if self._stopped_since is None:
