@@ -93,6 +93,9 @@ class AsyncBatchedCollector:
         seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
             is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
         max_worker_restarts: failed workers restarted in all before an error is raised.
+        store_recurrent_state: with a recurrent policy (one with ``initial_state()``),
+            every transition carries ``recurrent_state``, the state its action was
+            computed from; False leaves it out (large states). ``is_init`` is always there.
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -181,6 +184,7 @@ class AsyncBatchedCollector:
         learning_starts: int = 0,
         seed: int | None = 0,
         max_worker_restarts: int = 0,
+        store_recurrent_state: bool = True,
     ) -> None:
         self._closed = True  # until everything is up: shutdown() must work at any point
         self._transport: Transport | None = None
@@ -210,6 +214,7 @@ class AsyncBatchedCollector:
             learning_starts=learning_starts,
             seed=seed,
             max_worker_restarts=max_worker_restarts,
+            store_recurrent_state=store_recurrent_state,
         )
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from rlcollect.collector.source import Source, describe
-from rlcollect.collector.spec import Path, WorkerSpec, observation_key
+from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, observation_key
 from rlcollect.collector.vector_worker import vector_loop
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
@@ -139,6 +139,8 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
     env_index_field = buf[("env_index",)]
     episode_field = buf[("episode",)]
     step_field = buf[("step",)]
+    # Only with a recurrent policy: the server resets an env's state where it is set.
+    is_init_field = buf.get(IS_INIT.key)
 
     env_ids = spec.env_offset + np.arange(k, dtype=np.int64)
     episode = np.zeros(k, dtype=np.int64)
@@ -159,6 +161,8 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
         env_index_field[p, cols] = env_ids[cols]
         episode_field[p, cols] = episode[cols]
         step_field[p, cols] = step[cols]
+        if is_init_field is not None:
+            np.equal(step[cols], 0, out=is_init_field[p, cols])
         end.request(p * groups + g)
 
     p = 0

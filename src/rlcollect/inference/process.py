@@ -134,6 +134,10 @@ class InferenceConfig:
     cuda_graph: bool
     weights: WeightsLayout
     seed: int | None = None  # the policy's random stream (inference/rng.py); None: unseeded
+    #: The probed policy is recurrent (``inference/recurrent.py``): the server holds every
+    #: env's state, and the policy it builds must be recurrent too.
+    recurrent: bool = False
+    store_recurrent_state: bool = True  # the state goes out as ("recurrent_state", ...)
 
 
 @dataclass(frozen=True)

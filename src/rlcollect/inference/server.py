@@ -30,6 +30,7 @@ would fill the first batches with a few envs' data.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -46,7 +47,7 @@ from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.rng import PolicyRng
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import RequestEnd
-from rlcollect.transports.layout import Key, RingLayout, request_rows
+from rlcollect.transports.layout import Key, RingLayout, request_envs, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
 
@@ -207,6 +208,11 @@ class InferenceServer(InferenceBackend):
         # Every field requests touch, seen as [rows, *shape]: a batch is the rows that
         # request_rows names, read for observations and written for outputs.
         views = end.buffers
+        if step.states is not None:  # a recurrent policy: which env, and new episode?
+            step.states.bind(
+                layout.request_sources(views, ("is_init",)),
+                functools.partial(request_envs, layout),
+            )
         step.attach(
             {path: layout.request_sources(views, ("observation", *path)) for path in runner.paths}
         )

@@ -1,0 +1,291 @@
+"""Recurrent policies: every env's state, held by the inference server on the policy device.
+
+A policy is recurrent when it has a method ``initial_state()`` returning the state of ONE
+env: a tensor, or a (nested) dict of tensors, without a batch dimension. Its forward is
+then ``forward(observation, state) -> (outputs, new_state)``; a ``TensorDictModule``
+reads ``recurrent_state`` (and may read ``is_init``) and writes
+``("next", "recurrent_state")`` instead (``policy.py`` calls both forms).
+
+The server is the one place that knows which env each row of a batch is, so the state
+lives there, in a :class:`StateStore`: one tensor per state leaf, ``[num_envs + capacity,
+*shape]``, on the policy device. Per batch (``StateStore.run``, capturable in a CUDA
+graph: indices only, no host sync)::
+
+    gather   state  = store[env_rows]                  (index_select)
+    reset    state  = where(is_init, initial, state)   (rows whose observation has step 0)
+    forward  outputs, new_state = policy(observation, state)
+    write    store[env_rows] = new_state               (index_copy_)
+
+``env_rows`` and ``is_init`` are static buffers filled on the host by :meth:`StateStore.load`
+from the batch's ring rows: the env of a row is a function of where it sits in the ring
+(``transports.layout.request_envs``), and ``is_init`` is a ring field the worker writes
+next to the observation (``step == 0``). Rows that are not an env's (the padding of a
+graphed batch) are sent to scratch rows past the last env, one per row, so they never
+touch an env's state and ``index_copy_`` never sees an index twice. The state an action
+was computed from (after the reset) goes out as the policy output ``recurrent_state``.
+
+Nothing else changes a state: weight updates leave the store alone (an env's memory
+carries over to the new weights), and a restarted worker's envs start at ``step == 0``,
+so they start from ``initial_state()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlcollect.transports.layout import Field, Key, Path
+
+__all__ = ["StateStore", "flatten_state", "initial_state_of", "state_fields", "unflatten_state"]
+
+#: State leaves by path inside the state: ``{(): tensor}`` for a bare tensor state.
+Leaves = dict[Path, torch.Tensor]
+#: ``call(observations, state, is_init) -> (outputs, new_state)``, as ``PolicyRunner`` has it.
+RecurrentCall = Callable[
+    [Mapping[Path, torch.Tensor], Leaves, torch.Tensor], tuple[dict[Key, torch.Tensor], Leaves]
+]
+STATE_KEY = "recurrent_state"
+IS_INIT_KEY = "is_init"
+
+
+def _where(what: str, path: Path) -> str:
+    return what + "".join(f"[{name!r}]" for name in path)
+
+
+def flatten_state(state: Any, what: str) -> Leaves:
+    """``state`` (a tensor or a nested mapping of tensors) as its leaves by path.
+
+    Raises:
+        TypeError: a leaf that is not a tensor, or a key that is not a string, named by
+            its path inside ``what``.
+        ValueError: an empty mapping.
+    """
+    if isinstance(state, torch.Tensor):
+        return {(): state}
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{what} must be a tensor or a dict of tensors, got {type(state).__name__}")
+    leaves: Leaves = {}
+
+    def walk(path: Path, sub: Any) -> None:
+        if isinstance(sub, torch.Tensor):
+            leaves[path] = sub
+            return
+        if not isinstance(sub, Mapping):
+            raise TypeError(
+                f"{_where(what, path)} is a {type(sub).__name__}; a state holds tensors only"
+            )
+        if not sub:
+            raise ValueError(f"{_where(what, path)} is an empty dict; a state holds tensors")
+        for name, child in sub.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"{_where(what, path)} has the key {name!r}; use non-empty str")
+            walk((*path, name), child)
+
+    # a TensorDict is a Mapping too: its items() yields tensors and sub-TensorDicts
+    walk((), state)
+    return leaves
+
+
+def unflatten_state(leaves: Mapping[Path, torch.Tensor]) -> Any:
+    """The state as the policy sees it: the tensor itself, or nested dicts."""
+    if () in leaves:
+        return leaves[()]
+    out: dict[str, Any] = {}
+    for path, tensor in leaves.items():
+        node = out
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = tensor
+    return out
+
+
+def initial_state_of(policy: torch.nn.Module, device: torch.device) -> Leaves | None:
+    """The policy's ``initial_state()`` as leaves on ``device``; None for a feed-forward
+    policy (no ``initial_state`` attribute).
+
+    Raises:
+        TypeError: ``initial_state`` is not callable, or returns something other than a
+            tensor or a nested dict of tensors.
+        ValueError: it raised, or returned a state of a dtype numpy cannot hold.
+    """
+    method = getattr(policy, "initial_state", None)
+    if method is None:
+        return None
+    if not callable(method):
+        raise TypeError(
+            f"policy.initial_state is a {type(method).__name__}; a recurrent policy's "
+            "initial_state must be a method returning one env's state"
+        )
+    try:
+        state = method()
+    except Exception as exc:
+        raise ValueError(f"policy.initial_state() raised {type(exc).__name__}: {exc}") from exc
+    leaves = flatten_state(state, "policy.initial_state()")
+    out: Leaves = {}
+    for path, tensor in leaves.items():
+        try:
+            torch.empty(0, dtype=tensor.dtype).numpy()
+        except TypeError as exc:
+            raise ValueError(
+                f"{_where('policy.initial_state()', path)} has dtype {tensor.dtype}, which the "
+                "ring (numpy) cannot hold; use float32, say"
+            ) from exc
+        out[path] = tensor.detach().to(device).clone()
+    return out
+
+
+def state_fields(initial: Mapping[Path, torch.Tensor]) -> tuple[Field, ...]:
+    """Ring fields of the ``recurrent_state`` output: ``("recurrent_state", *path)``."""
+    return tuple(
+        Field((STATE_KEY, *path), tuple(t.shape), torch.empty(0, dtype=t.dtype).numpy().dtype)
+        for path, t in initial.items()
+    )
+
+
+def check_new_state(
+    new: Leaves, initial: Mapping[Path, torch.Tensor], batch: int, device: torch.device
+) -> None:
+    """``new`` must have ``initial``'s leaves, each ``[batch, *shape]`` of its dtype.
+
+    Raises:
+        ValueError: the structure, a shape, a dtype or a device differs; the message names
+            the leaf and both values.
+    """
+    if new.keys() != initial.keys():
+        got_leaves = sorted(_where("new_state", p) for p in new)
+        want_leaves = sorted(_where("new_state", p) for p in initial)
+        raise ValueError(
+            f"the policy returned a new_state with leaves {got_leaves}; initial_state() has "
+            f"{want_leaves}"
+        )
+    for path, want in initial.items():
+        got = new[path]
+        name = _where("new_state", path)
+        if tuple(got.shape) != (batch, *want.shape):
+            raise ValueError(
+                f"{name} has shape {tuple(got.shape)}; expected {(batch, *want.shape)} (a "
+                "batch dimension, then initial_state()'s shape)"
+            )
+        if got.dtype != want.dtype:
+            raise ValueError(f"{name} has dtype {got.dtype}; initial_state() has {want.dtype}")
+        if got.device != want.device:
+            raise ValueError(f"{name} is on {got.device}; the policy runs on {want.device}")
+
+
+class StateStore:
+    """Every env's recurrent state, ``[num_envs + capacity, *shape]`` per leaf, on the
+    policy device; the last ``capacity`` rows are scratch for rows that are no env's.
+
+    Args:
+        initial: one env's initial state by leaf, on the policy device.
+        num_envs: envs in the collector (env ``i`` owns row ``i``).
+        capacity: most rows one batch holds (padded batches included).
+        store: whether the state an action was computed from goes out as the
+            ``recurrent_state`` policy output.
+    """
+
+    def __init__(
+        self, initial: Mapping[Path, torch.Tensor], *, num_envs: int, capacity: int, store: bool
+    ) -> None:
+        self.initial = dict(initial)
+        self.num_envs = num_envs
+        self.capacity = capacity
+        self.store = store
+        device = next(iter(self.initial.values())).device
+        self.device = device
+        rows = num_envs + capacity
+        with torch.no_grad():
+            self.states = {
+                path: t.expand(rows, *t.shape).clone() for path, t in self.initial.items()
+            }
+        self._scratch = np.arange(num_envs, rows, dtype=np.int64)
+        pinned = device.type == "cuda"
+        # Host buffers the server fills per batch, and their device twins the step reads
+        # (the same tensors on a CPU). Tail rows stay scratch: a padded replay reads them.
+        self._env_host = torch.from_numpy(self._scratch.copy())
+        self._init_host = torch.ones(capacity, dtype=torch.bool)
+        if pinned:
+            self._env_host = self._env_host.pin_memory()
+            self._init_host = self._init_host.pin_memory()
+        self._env_np = self._env_host.numpy()
+        self._init_np = self._init_host.numpy()
+        if pinned:
+            self.env_rows = self._env_host.to(device)
+            self.is_init = self._init_host.to(device)
+        else:
+            self.env_rows, self.is_init = self._env_host, self._init_host
+        self._seen = np.full(num_envs, -1, dtype=np.int64)
+        self._order = np.arange(capacity, dtype=np.int64)
+        self._is_init_rows: np.ndarray | None = None
+        self._envs_of: Callable[[np.ndarray], np.ndarray] | None = None
+        self._settle()
+
+    def _settle(self) -> None:
+        # Written on this thread's stream; the server's own stream must see it done.
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def bind(self, is_init_rows: np.ndarray, envs_of: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Bind to the ring: its ``is_init`` field as ``[rows]``, and the env of a row."""
+        self._is_init_rows = is_init_rows
+        self._envs_of = envs_of
+
+    def load(self, flat: np.ndarray) -> None:
+        """Host side of a batch: the env and ``is_init`` of ring rows ``flat``."""
+        assert self._envs_of is not None and self._is_init_rows is not None, "bind() first"
+        n = len(flat)
+        envs = self._envs_of(flat)
+        order = self._order[:n]
+        self._seen[envs] = order
+        if not (self._seen[envs] == order).all():
+            # An env twice in one batch: only a request of a restarted worker's predecessor
+            # (transports/generations.py) and the new worker's own. The later one in
+            # request order is the new worker's: it alone may write the env's state.
+            envs = envs.copy()
+            last: dict[int, int] = {}
+            for i, env in enumerate(envs.tolist()):
+                last[env] = i
+            for i, env in enumerate(envs.tolist()):
+                if last[env] != i:
+                    envs[i] = self._scratch[i]
+        self._env_np[:n] = envs
+        self._env_np[n:] = self._scratch[n:]
+        np.take(self._is_init_rows, flat, out=self._init_np[:n], mode="clip")
+
+    def upload(self) -> None:
+        """Copy the batch's env rows and flags to the device (asynchronously, on the
+        current stream; capturable). Nothing to do on a CPU."""
+        if self.env_rows is not self._env_host:
+            self.env_rows.copy_(self._env_host, non_blocking=True)
+            self.is_init.copy_(self._init_host, non_blocking=True)
+
+    def reset(self) -> None:
+        """Every env (and scratch row) back to the initial state; host buffers to scratch."""
+        with torch.no_grad():
+            for path, t in self.states.items():
+                t.copy_(self.initial[path].expand_as(t))
+        self._env_np[:] = self._scratch
+        self._init_np[:] = True
+        self._settle()
+
+    def run(self, call: RecurrentCall, inputs: Mapping[Path, torch.Tensor]) -> dict[Key, Any]:
+        """Gather, reset, forward, write back, for the first ``B`` rows (``B`` from
+        ``inputs``). Device ops on static buffers only: capturable in a CUDA graph."""
+        batch = next(iter(inputs.values())).shape[0]
+        rows = self.env_rows[:batch]
+        is_init = self.is_init[:batch]
+        state: Leaves = {}
+        for path, store in self.states.items():
+            init = self.initial[path]
+            flag = is_init.view(batch, *([1] * init.dim()))
+            state[path] = torch.where(flag, init, store.index_select(0, rows))
+        outputs, new_state = call(inputs, state, is_init)
+        for path, store in self.states.items():
+            store.index_copy_(0, rows, new_state[path])
+        if self.store:
+            for path, value in state.items():
+                outputs[(STATE_KEY, *path)] = value
+        return outputs
