@@ -145,8 +145,8 @@ class PolicyRunner:
         Raises:
             TypeError: a plain module returned something other than ``(outputs,
                 new_state)``, or a ``new_state`` that is no tensor or dict of tensors.
-            KeyError: a ``TensorDictModule`` wrote no ``("next", "recurrent_state")``.
-            ValueError: ``new_state`` differs from ``state`` in structure, shape, dtype or
+            ValueError: a ``TensorDictModule`` wrote no ``("next", "recurrent_state")``;
+                ``new_state`` differs from ``state`` in structure, shape, dtype or
                 device; or an output named like a key the collector writes.
         """
         assert self.initial_state is not None, "call_recurrent needs a recurrent policy"
@@ -164,7 +164,7 @@ class PolicyRunner:
             result = result if result is not None else td
             nxt = (("next", STATE_KEY, *path) for path in self.initial_state)
             if any(key not in result.keys(include_nested=True) for key in nxt):
-                raise KeyError(
+                raise ValueError(
                     "a recurrent TensorDictModule must write ('next', 'recurrent_state') (the "
                     "new state, structured like initial_state()); this one wrote "
                     f"{sorted(map(str, result.keys(include_nested=True, leaves_only=True)))}"
