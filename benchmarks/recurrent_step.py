@@ -1,0 +1,214 @@
+"""The recurrent action step against the feed-forward step of the same network.
+
+What the server adds for a recurrent policy (``rlcollect/inference/recurrent.py``): per
+batch, the host fills the rows' env indices and ``is_init`` flags; on the device each
+state leaf is gathered by env (``index_select``), reset where an episode starts
+(``where``) and written back (``index_copy_``). To time only that, both steps run the
+same network, a GRU cell and an actor head with Gumbel-max sampling:
+
+``recurrent``
+    ``initial_state()`` is a zero hidden state; ``forward(obs, state)`` runs the cell
+    from the env's state and returns the new one (the server keeps it).
+``feed_forward``
+    the same module without ``initial_state()``: ``forward(obs)`` runs the cell from a
+    zero hidden state each time (state ignored): the same FLOPs, no state kept.
+
+Each is built by ``build_action_step`` as the collector builds it (eager, compiled,
+graphed) and driven as the server drives it: ``load`` (the batch's ring rows) then
+``run``, the time of both per batch, median of ``--iters`` after a warm-up. The ring is
+page-locked, so under ``cuda_graph`` a batch is one replay (index upload, gather,
+state gather/reset/forward/write-back, outputs down). The target (issue 21): at batch
+64 under a CUDA graph, recurrent / feed-forward <= 1.2.
+
+    python benchmarks/recurrent_step.py --out benchmarks/results/h200   # on a GPU
+    python benchmarks/recurrent_step.py --device cpu --iters 50        # smoke, eager only
+
+Writes ``recurrent_step_<device>.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine
+
+from rlcollect.inference import PolicyRunner, build_action_step
+from rlcollect.transports import Field
+
+OBS = 64  # observation features (float32)
+ACTIONS = 8
+# mode: (torch.compile options, CUDA graph)
+MODES: dict[str, tuple[dict[str, Any] | None, bool]] = {
+    "eager": (None, False),
+    "compiled": ({}, False),
+    "graph": (None, True),
+    "compiled+graph": ({}, True),
+}
+
+
+class Core(torch.nn.Module):
+    """GRU cell + actor head, sampling by Gumbel-max (capturable)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden = hidden
+        self.cell = torch.nn.GRUCell(OBS, hidden)
+        self.actor = torch.nn.Linear(hidden, ACTIONS)
+
+    def act(
+        self, obs: torch.Tensor, h: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        h = self.cell(obs, h)
+        logits = self.actor(h)
+        u = torch.rand_like(logits).clamp_(1e-9, 1.0)
+        action = (logits - torch.log(-torch.log(u))).argmax(-1)
+        return {"action": action, "logits": logits}, h
+
+
+class Recurrent(Core):
+    def initial_state(self) -> torch.Tensor:
+        return torch.zeros(self.hidden)
+
+    def forward(
+        self, obs: torch.Tensor, state: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        return self.act(obs, state)
+
+
+class FeedForward(Core):
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.zeros(obs.shape[0], self.hidden, device=obs.device)
+        return self.act(obs, h)[0]
+
+
+def step_latency(
+    recurrent: bool,
+    mode: str,
+    *,
+    device: torch.device,
+    hidden: int,
+    sizes: list[int],
+    num_envs: int,
+    iters: int,
+) -> dict[int, float]:
+    compile_options, graph = MODES[mode]
+    net = (Recurrent if recurrent else FeedForward)(hidden).to(device)
+    runner = PolicyRunner(net, device=device, observation_paths=((),))
+    obs = {(): Field(("observation",), (OBS,), np.dtype(np.float32))}
+    outputs = {
+        ("action",): Field(("action",), (), np.dtype(np.int64)),
+        ("logits",): Field(("logits",), (ACTIONS,), np.dtype(np.float32)),
+    }
+    capacity = max(sizes)
+    step = build_action_step(
+        runner,
+        obs,
+        outputs,
+        capacity=capacity,
+        compile_options=compile_options,
+        cuda_graph=graph,
+        num_envs=num_envs,
+        store_recurrent_state=False,  # as the feed-forward step: the same outputs
+    )
+    rng = np.random.default_rng(0)
+    rows = 2 * num_envs  # ring row r is env r % num_envs (two positions per env)
+    storage = mmap.mmap(-1, rows * OBS * 4)  # page-aligned, like the ring
+    ring = np.frombuffer(storage, dtype=np.float32).reshape(rows, OBS)
+    ring[...] = rng.standard_normal(ring.shape, dtype=np.float32)
+    is_init = rng.random(rows) < 0.02  # episodes of ~50 steps
+    if step.states is not None:
+        step.states.bind(is_init, lambda flat: flat % num_envs)
+    step.attach({(): ring})
+    ring_action = np.zeros(rows, np.int64)
+    ring_logits = np.zeros((rows, ACTIONS), np.float32)
+    out: dict[int, float] = {}
+    for size in sizes:
+        times = []
+        for i in range(iters + 10):
+            envs = rng.permutation(num_envs)[:size]  # distinct envs, as in any batch
+            flat = envs + num_envs * rng.integers(0, 2, size)
+            t0 = time.perf_counter()
+            n = step.load(flat)
+            result, _ = step.run(n)
+            ring_action[flat] = result[("action",)]  # the server's scatter, for both
+            ring_logits[flat] = result[("logits",)]
+            if i >= 10:
+                times.append(time.perf_counter() - t0)
+        out[size] = statistics.median(times)
+    step.close()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--envs", type=int, default=1024, help="envs whose state the server holds")
+    p.add_argument("--sizes", default="1,16,64,256", help="batch sizes")
+    p.add_argument("--modes", default=None, help="default: every mode the device has")
+    p.add_argument("--iters", type=int, default=500)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args()
+    device = torch.device(args.device)
+    if device.type != "cuda":
+        torch.set_num_threads(1)  # as the server's thread runs on a CPU
+    modes = args.modes.split(",") if args.modes else (
+        list(MODES) if device.type == "cuda" else ["eager"]
+    )  # fmt: skip
+    sizes = [int(s) for s in args.sizes.split(",")]
+    latency: dict[str, dict[str, dict[int, float]]] = {}
+    for mode in modes:
+        latency[mode] = {}
+        for kind, recurrent in (("feed_forward", False), ("recurrent", True)):
+            latency[mode][kind] = step_latency(
+                recurrent,
+                mode,
+                device=device,
+                hidden=args.hidden,
+                sizes=sizes,
+                num_envs=args.envs,
+                iters=args.iters,
+            )
+    ratios = {
+        mode: {s: t["recurrent"][s] / t["feed_forward"][s] for s in sizes}
+        for mode, t in latency.items()
+    }
+    target = ratios.get("graph", {}).get(64)
+    result = {
+        "config": {**{k: str(v) for k, v in vars(args).items()}, "obs": OBS, "actions": ACTIONS},
+        "machine": machine(),
+        "latency_seconds": latency,
+        "recurrent_over_feed_forward": ratios,
+        "target": {
+            "what": "recurrent / feed-forward step time, batch 64, cuda_graph=True",
+            "ratio": target,
+            "limit": 1.2,
+            "met": None if target is None else target <= 1.2,
+        },
+    }
+    print("| mode | batch | feed-forward (us) | recurrent (us) | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for mode, t in latency.items():
+        for s in sizes:
+            ff, rec = t["feed_forward"][s] * 1e6, t["recurrent"][s] * 1e6
+            print(f"| {mode} | {s} | {ff:.1f} | {rec:.1f} | {rec / ff:.2f} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"recurrent_step_{device.type}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
