@@ -65,7 +65,9 @@ class AsyncBatchedCollector:
             consecutive envs).
         policy: a ``torch.nn.Module`` (observations in, the action tensor or a mapping
             holding ``action`` out) or a ``TensorDictModule`` writing ``action``; a
-            deep copy is served on ``policy_device``.
+            deep copy is served on ``policy_device``. With ``initial_state()`` it is
+            recurrent: ``forward(observation, state) -> (outputs, new_state)``, each
+            env's state kept by the server (``docs/usage.md``, *Recurrent policies*).
         policy_factory: instead of ``policy``, a zero-argument callable that builds it.
         frames_per_batch: transitions per yielded batch.
         total_frames: transitions in all, or -1 to collect until :meth:`shutdown`.

@@ -283,6 +283,9 @@ class InferenceServer(InferenceBackend):
     def update_weights(self, state_dict: Mapping[str, Any], *, version: int | None = None) -> int:
         """Copy ``state_dict`` into the served policy in place, between batches.
 
+        A recurrent policy's per-env states are kept as they are: an env in the middle
+        of an episode goes on from the state the old weights computed.
+
         Args:
             state_dict: every weight of the policy, by name.
             version: the version these weights become (default: the current one + 1).
