@@ -161,14 +161,21 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
         env_index_field[p, cols] = env_ids[cols]
         episode_field[p, cols] = episode[cols]
         step_field[p, cols] = step[cols]
-        if is_init_field is not None:
-            np.equal(step[cols], 0, out=is_init_field[p, cols])
         end.request(p * groups + g)
+
+    def write_flagged(p: int, g: int) -> None:
+        assert is_init_field is not None
+        cols = columns[g]
+        np.equal(step[cols], 0, out=is_init_field[p, cols])  # before the request goes out
+        write(p, g)
+
+    # Chosen once: a feed-forward policy's loop is exactly what it was without the flag.
+    emit = write if is_init_field is None else write_flagged
 
     p = 0
     end.wait_slot()
     for g in range(groups):
-        write(p, g)
+        emit(p, g)
     while True:
         nxt = p + 1 if p + 1 < positions else 0
         new_slot = nxt % steps == 0
@@ -213,5 +220,5 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any]) -> None:
                     end.hand_over(p // steps)
                 if g == 0:
                     end.wait_slot()
-            write(nxt, g)
+            emit(nxt, g)
         p = nxt
