@@ -1,9 +1,10 @@
 """The recurrent action step against the feed-forward step of the same network.
 
 What the server adds for a recurrent policy (``rlcollect/inference/recurrent.py``): per
-batch, the host fills the rows' env indices and ``is_init`` flags; on the device each
-state leaf is gathered by env (``index_select``), reset where an episode starts
-(``where``) and written back (``index_copy_``). To time only that, both steps run the
+batch, the host fills the rows to read (each row's env, or the initial state's row
+where an episode starts) and to write (each row's env); on the device, one upload of
+both, then each state leaf is gathered (``index_select``) and written back
+(``index_copy_``). To time only that, both steps run the
 same network, a GRU cell and an actor head with Gumbel-max sampling:
 
 ``recurrent``
@@ -129,7 +130,7 @@ def step_latency(
     ring[...] = rng.standard_normal(ring.shape, dtype=np.float32)
     is_init = rng.random(rows) < 0.02  # episodes of ~50 steps
     if step.states is not None:
-        step.states.bind(is_init, lambda flat: flat % num_envs)
+        step.states.bind(is_init, np.arange(rows) % num_envs)
     step.attach({(): ring})
     ring_action = np.zeros(rows, np.int64)
     ring_logits = np.zeros((rows, ACTIONS), np.float32)

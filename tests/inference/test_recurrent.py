@@ -262,7 +262,7 @@ def store_for(num_envs=4, capacity=4):
     initial = {("count",): torch.zeros((), dtype=torch.int64)}
     store = StateStore(initial, num_envs=num_envs, capacity=capacity, store=True)
     ring_is_init = np.zeros(16, dtype=bool)
-    store.bind(ring_is_init, lambda rows: rows % num_envs)  # ring row r is env r % 4
+    store.bind(ring_is_init, np.arange(16) % num_envs)  # ring row r is env r % 4
     return store, ring_is_init
 
 
@@ -279,7 +279,8 @@ def test_padded_rows_go_to_scratch_rows_and_touch_no_env():
     counts = store.states[("count",)]
     assert counts[:4].tolist() == [0, 3, 0, 0], "only env 1 advanced"
     assert out[("recurrent_state", "count")].tolist()[0] == 2
-    assert sorted(store.env_rows.tolist()[1:]) == [5, 6, 7]  # one scratch row each
+    assert store.rows[1].tolist() == [1, 6, 7, 8]  # one scratch row each, past row 4's
+    assert store.states[("count",)][4].item() == 0  # the initial state's row, untouched
 
 
 def test_is_init_resets_before_the_forward_and_an_env_twice_keeps_the_later_row():
@@ -290,13 +291,14 @@ def test_is_init_resets_before_the_forward_and_an_env_twice_keeps_the_later_row(
     store.run(count_step, {(): torch.zeros(2, 1)})
     is_init[6] = True  # ring row 6: env 2, a new episode
     store.load(np.array([6, 3]))
+    assert store.rows.tolist() == [[4, 3, 7, 8], [2, 3, 7, 8]]  # read the initial state
     out = store.run(count_step, {(): torch.zeros(2, 1)})
     assert out[("action",)].tolist() == [0, 2]
     # A restarted worker's predecessor's stale request for env 3, then the new worker's
     # own (step 0) in the same batch: the later row alone writes env 3's state.
     is_init[7] = True
     store.load(np.array([3, 7]))
-    assert store.env_rows.tolist()[:2] == [4, 3]  # the earlier row: a scratch row
+    assert store.rows[1].tolist()[:2] == [5, 3]  # the earlier row writes a scratch row
     out = store.run(count_step, {(): torch.zeros(2, 1)})
     assert out[("action",)].tolist()[1] == 0
     assert store.states[("count",)][3].item() == 1

@@ -238,6 +238,7 @@ def plan_collection(
         seed=seed,
         recurrent=recurrent,
         store_recurrent_state=store_recurrent_state,
+        restarts=max_worker_restarts > 0,
     )
     specs = tuple(
         WorkerSpec(

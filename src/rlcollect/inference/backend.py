@@ -47,6 +47,7 @@ def build_server(
         cuda_graph=config.cuda_graph,
         num_envs=layout.num_workers * layout.envs_per_worker,
         store_recurrent_state=config.store_recurrent_state,
+        envs_may_repeat=config.restarts,
     )
     return InferenceServer(
         runner,

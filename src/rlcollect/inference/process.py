@@ -138,6 +138,7 @@ class InferenceConfig:
     #: env's state, and the policy it builds must be recurrent too.
     recurrent: bool = False
     store_recurrent_state: bool = True  # the state goes out as ("recurrent_state", ...)
+    restarts: bool = True  # workers may restart: a batch may name an env twice
 
 
 @dataclass(frozen=True)

@@ -7,22 +7,25 @@ reads ``recurrent_state`` (and may read ``is_init``) and writes
 ``("next", "recurrent_state")`` instead (``policy.py`` calls both forms).
 
 The server is the one place that knows which env each row of a batch is, so the state
-lives there, in a :class:`StateStore`: one tensor per state leaf, ``[num_envs + capacity,
-*shape]``, on the policy device. Per batch (``StateStore.run``, capturable in a CUDA
-graph: indices only, no host sync)::
+lives there, in a :class:`StateStore`: one tensor per state leaf, on the policy device,
+``[num_envs + 1 + capacity, *shape]``: a row per env, then a row that always holds
+``initial_state()``, then scratch rows. Per batch (``StateStore.run``, capturable in a
+CUDA graph: indices only, no host sync)::
 
-    gather   state  = store[env_rows]                  (index_select)
-    reset    state  = where(is_init, initial, state)   (rows whose observation has step 0)
+    gather   state = store[read_rows]           (index_select; the reset is in the index)
     forward  outputs, new_state = policy(observation, state)
-    write    store[env_rows] = new_state               (index_copy_)
+    write    store[write_rows] = new_state      (index_copy_)
 
-``env_rows`` and ``is_init`` are static buffers filled on the host by :meth:`StateStore.load`
-from the batch's ring rows: the env of a row is a function of where it sits in the ring
-(``transports.layout.request_envs``), and ``is_init`` is a ring field the worker writes
-next to the observation (``step == 0``). Rows that are not an env's (the padding of a
-graphed batch) are sent to scratch rows past the last env, one per row, so they never
-touch an env's state and ``index_copy_`` never sees an index twice. The state an action
-was computed from (after the reset) goes out as the policy output ``recurrent_state``.
+``write_rows`` is each row's env, ``read_rows`` the same except where ``is_init`` is set
+(its observation has step 0): there it is the initial-state row, so the reset costs no
+kernel of its own. Both are filled on the host by :meth:`StateStore.load` from the
+batch's ring rows, and uploaded as one ``[2, capacity]`` copy: the env of a row is a
+function of where it sits in the ring (``transports.layout.request_envs``), and
+``is_init`` a ring field the worker writes next to the observation (``step == 0``).
+Rows that are not an env's (the padding of a graphed batch) read and write scratch rows,
+one per row, so they never touch an env's state (nor the initial-state row) and
+``index_copy_`` never sees an index twice. The state an action was computed from (after
+the reset) goes out as the policy output ``recurrent_state``.
 
 Nothing else changes a state: weight updates leave the store alone (an env's memory
 carries over to the new weights), and a restarted worker's envs start at ``step == 0``,
@@ -176,8 +179,9 @@ def check_new_state(
 
 
 class StateStore:
-    """Every env's recurrent state, ``[num_envs + capacity, *shape]`` per leaf, on the
-    policy device; the last ``capacity`` rows are scratch for rows that are no env's.
+    """Every env's recurrent state, ``[num_envs + 1 + capacity, *shape]`` per leaf, on the
+    policy device: env ``i``'s row ``i``, the initial state's row ``num_envs``, then
+    scratch rows for rows that are no env's.
 
     Args:
         initial: one env's initial state by leaf, on the policy device.
@@ -185,42 +189,51 @@ class StateStore:
         capacity: most rows one batch holds (padded batches included).
         store: whether the state an action was computed from goes out as the
             ``recurrent_state`` policy output.
+        flags: whether the policy reads ``is_init`` (a ``TensorDictModule`` may): it is
+            then computed on the device from the read rows; otherwise never.
+        repeats: whether one batch may name an env twice (only with worker restarts):
+            checked per batch then.
     """
 
     def __init__(
-        self, initial: Mapping[Path, torch.Tensor], *, num_envs: int, capacity: int, store: bool
+        self,
+        initial: Mapping[Path, torch.Tensor],
+        *,
+        num_envs: int,
+        capacity: int,
+        store: bool,
+        flags: bool = False,
+        repeats: bool = True,
     ) -> None:
         self.initial = dict(initial)
         self.num_envs = num_envs
         self.capacity = capacity
         self.store = store
+        self._flags = flags
         device = next(iter(self.initial.values())).device
         self.device = device
-        rows = num_envs + capacity
+        self.init_row = num_envs
+        total = num_envs + 1 + capacity
         with torch.no_grad():
             self.states = {
-                path: t.expand(rows, *t.shape).clone() for path, t in self.initial.items()
+                path: t.expand(total, *t.shape).clone() for path, t in self.initial.items()
             }
-        self._scratch = np.arange(num_envs, rows, dtype=np.int64)
-        pinned = device.type == "cuda"
-        # Host buffers the server fills per batch, and their device twins the step reads
-        # (the same tensors on a CPU). Tail rows stay scratch: a padded replay reads them.
-        self._env_host = torch.from_numpy(self._scratch.copy())
-        self._init_host = torch.ones(capacity, dtype=torch.bool)
-        if pinned:
-            self._env_host = self._env_host.pin_memory()
-            self._init_host = self._init_host.pin_memory()
-        self._env_np = self._env_host.numpy()
-        self._init_np = self._init_host.numpy()
-        if pinned:
-            self.env_rows = self._env_host.to(device)
-            self.is_init = self._init_host.to(device)
-        else:
-            self.env_rows, self.is_init = self._env_host, self._init_host
+        self._scratch = np.arange(num_envs + 1, total, dtype=np.int64)
+        # [read rows; write rows], filled per batch on the host and uploaded in one copy
+        # (the same tensor on a CPU). Tail rows stay scratch: a padded replay reads them.
+        host = torch.from_numpy(np.stack([self._scratch, self._scratch]))
+        if device.type == "cuda":
+            host = host.pin_memory()
+        self._host = host
+        self._rows_np = host.numpy()
+        self.rows = host.to(device) if device.type == "cuda" else host
+        self._is_init_np = np.zeros(capacity, dtype=bool)
         self._seen = np.full(num_envs, -1, dtype=np.int64)
         self._order = np.arange(capacity, dtype=np.int64)
+        self._repeats = repeats
+        self._loaded = capacity  # rows the last batch named (all, before any batch)
         self._is_init_rows: np.ndarray | None = None
-        self._envs_of: Callable[[np.ndarray], np.ndarray] | None = None
+        self._env_of_row: np.ndarray | None = None
         self._settle()
 
     def _settle(self) -> None:
@@ -228,64 +241,76 @@ class StateStore:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def bind(self, is_init_rows: np.ndarray, envs_of: Callable[[np.ndarray], np.ndarray]) -> None:
-        """Bind to the ring: its ``is_init`` field as ``[rows]``, and the env of a row."""
+    def bind(self, is_init_rows: np.ndarray, env_of_row: np.ndarray) -> None:
+        """Bind to the ring: its ``is_init`` field as ``[rows]``, and the env of each row
+        (``[rows]`` int64: a lookup per batch is one ``np.take``)."""
         self._is_init_rows = is_init_rows
-        self._envs_of = envs_of
+        self._env_of_row = env_of_row.astype(np.int64, copy=False)
 
     def load(self, flat: np.ndarray) -> None:
-        """Host side of a batch: the env and ``is_init`` of ring rows ``flat``."""
-        assert self._envs_of is not None and self._is_init_rows is not None, "bind() first"
+        """Host side of a batch: the read and write rows of ring rows ``flat``. About ten
+        microseconds on the critical path of every batch: one lookup per array."""
+        assert self._env_of_row is not None and self._is_init_rows is not None, "bind() first"
         n = len(flat)
-        envs = self._envs_of(flat)
-        order = self._order[:n]
+        read, write = self._rows_np
+        envs = write[:n]
+        np.take(self._env_of_row, flat, out=envs, mode="clip")
+        if self._repeats:
+            self._drop_repeats(envs)
+        if n < self._loaded:  # the rows a larger batch named: scratch again
+            read[n : self._loaded] = write[n : self._loaded] = self._scratch[n : self._loaded]
+        self._loaded = n
+        read[:n] = envs
+        is_init = self._is_init_np[:n]
+        np.take(self._is_init_rows, flat, out=is_init, mode="clip")
+        np.putmask(read[:n], is_init, self.init_row)
+
+    def _drop_repeats(self, envs: np.ndarray) -> None:
+        """An env named twice in one batch writes from its later row only; the earlier
+        one writes a scratch row. That happens only with worker restarts: a request of
+        the restarted worker's predecessor and the new worker's own, in this order
+        (transports/generations.py), so the new worker's alone may write the state."""
+        order = self._order[: len(envs)]
         self._seen[envs] = order
-        if not (self._seen[envs] == order).all():
-            # An env twice in one batch: only a request of a restarted worker's predecessor
-            # (transports/generations.py) and the new worker's own. The later one in
-            # request order is the new worker's: it alone may write the env's state.
-            envs = envs.copy()
-            last: dict[int, int] = {}
-            for i, env in enumerate(envs.tolist()):
-                last[env] = i
-            for i, env in enumerate(envs.tolist()):
-                if last[env] != i:
-                    envs[i] = self._scratch[i]
-        self._env_np[:n] = envs
-        self._env_np[n:] = self._scratch[n:]
-        np.take(self._is_init_rows, flat, out=self._init_np[:n], mode="clip")
+        if (self._seen[envs] == order).all():
+            return
+        last: dict[int, int] = {}
+        for i, env in enumerate(envs.tolist()):
+            last[env] = i
+        for i, env in enumerate(envs.tolist()):
+            if last[env] != i:
+                envs[i] = self._scratch[i]
 
     def upload(self) -> None:
-        """Copy the batch's env rows and flags to the device (asynchronously, on the
-        current stream; capturable). Nothing to do on a CPU."""
-        if self.env_rows is not self._env_host:
-            self.env_rows.copy_(self._env_host, non_blocking=True)
-            self.is_init.copy_(self._init_host, non_blocking=True)
+        """Copy the batch's rows to the device (asynchronously, on the current stream;
+        capturable). Nothing to do on a CPU."""
+        if self.rows is not self._host:
+            self.rows.copy_(self._host, non_blocking=True)
 
     def reset(self) -> None:
-        """Every env (and scratch row) back to the initial state; host buffers to scratch."""
+        """Every row back to the initial state; the host's rows to scratch."""
         with torch.no_grad():
             for path, t in self.states.items():
                 t.copy_(self.initial[path].expand_as(t))
-        self._env_np[:] = self._scratch
-        self._init_np[:] = True
+        self._rows_np[:] = self._scratch
+        self._loaded = self.capacity
         self._settle()
 
     def run(self, call: RecurrentCall, inputs: Mapping[Path, torch.Tensor]) -> dict[Key, Any]:
-        """Gather, reset, forward, write back, for the first ``B`` rows (``B`` from
-        ``inputs``). Device ops on static buffers only: capturable in a CUDA graph."""
+        """Gather (with the reset), forward, write back, for the first ``B`` rows (``B``
+        from ``inputs``). Device ops on static buffers only: capturable in a CUDA graph."""
         batch = next(iter(inputs.values())).shape[0]
-        rows = self.env_rows[:batch]
-        is_init = self.is_init[:batch]
-        state: Leaves = {}
-        for path, store in self.states.items():
-            init = self.initial[path]
-            flag = is_init.view(batch, *([1] * init.dim()))
-            state[path] = torch.where(flag, init, store.index_select(0, rows))
+        read, write = self.rows[0, :batch], self.rows[1, :batch]
+        state = {path: store.index_select(0, read) for path, store in self.states.items()}
+        is_init = read == self.init_row if self._flags else _NO_FLAGS
         outputs, new_state = call(inputs, state, is_init)
         for path, store in self.states.items():
-            store.index_copy_(0, rows, new_state[path])
+            store.index_copy_(0, write, new_state[path])
         if self.store:
             for path, value in state.items():
                 outputs[(STATE_KEY, *path)] = value
         return outputs
+
+
+#: Stands for ``is_init`` where the policy does not read it (a plain module).
+_NO_FLAGS = torch.empty(0, dtype=torch.bool)

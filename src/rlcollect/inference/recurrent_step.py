@@ -8,8 +8,8 @@ comes here: its step is exactly the one of ``step.py``.
 every copy up of a batch's inputs also uploads them, whole: the padded rows of a graphed
 batch then name scratch rows, never an env's. On a GPU, the store's work is part of
 what ``compile`` compiles around (the policy call itself is compiled) and of what
-``cuda_graph`` captures, in both graphs of ``DeviceStep``: an index upload, one
-``index_select``, ``where`` and ``index_copy_`` per state leaf.
+``cuda_graph`` captures, in both graphs of ``DeviceStep``: one upload of the batch's
+read and write rows, then one ``index_select`` and one ``index_copy_`` per state leaf.
 """
 
 from __future__ import annotations

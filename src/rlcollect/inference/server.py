@@ -30,7 +30,6 @@ would fill the first batches with a few envs' data.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import deque
@@ -209,10 +208,8 @@ class InferenceServer(InferenceBackend):
         # request_rows names, read for observations and written for outputs.
         views = end.buffers
         if step.states is not None:  # a recurrent policy: which env, and new episode?
-            step.states.bind(
-                layout.request_sources(views, ("is_init",)),
-                functools.partial(request_envs, layout),
-            )
+            is_init = layout.request_sources(views, ("is_init",))
+            step.states.bind(is_init, request_envs(layout, np.arange(len(is_init))))
         step.attach(
             {path: layout.request_sources(views, ("observation", *path)) for path in runner.paths}
         )

@@ -360,6 +360,7 @@ def build_action_step(
     cuda_graph: bool = False,
     num_envs: int | None = None,
     store_recurrent_state: bool = True,
+    envs_may_repeat: bool = True,
 ) -> ActionStep:
     """The action step an :class:`~rlcollect.inference.server.InferenceServer` runs per
     batch: gather the observations, run the policy, return its outputs on the host.
@@ -383,6 +384,9 @@ def build_action_step(
             then holds every env's state (``inference/recurrent.py``).
         store_recurrent_state: a recurrent policy's step returns the state each action
             was computed from as the output ``("recurrent_state", *path)``.
+        envs_may_repeat: one batch may name an env twice (worker restarts: a stale
+            request of the restarted worker's predecessor), so a recurrent policy's step
+            checks every batch for it.
 
     Returns:
         The step, for :class:`~rlcollect.inference.server.InferenceServer`.
@@ -433,7 +437,12 @@ def build_action_step(
             raise ValueError("a recurrent policy's action step needs num_envs")
         rows = capacity if runner.device.type != "cuda" else buckets_for(capacity)[-1]
         states = StateStore(
-            runner.initial_state, num_envs=num_envs, capacity=rows, store=store_recurrent_state
+            runner.initial_state,
+            num_envs=num_envs,
+            capacity=rows,
+            store=store_recurrent_state,
+            flags=runner.tensordict_policy,  # only a TensorDictModule may read is_init
+            repeats=envs_may_repeat,
         )
         if runner.device.type != "cuda":
             return RecurrentHostStep(runner, observations, capacity, states)
