@@ -5,7 +5,8 @@ batch, the host fills the rows to read (each row's env, or the initial state's r
 where an episode starts) and to write (each row's env); on the device, one upload of
 both, then each state leaf is gathered (``index_select``) and written back
 (``index_copy_``). To time only that, both steps run the
-same network, a GRU cell and an actor head with Gumbel-max sampling:
+same network — an MLP encoder, a GRU cell and an actor head with Gumbel-max sampling, by
+default 512 wide (Sample Factory's default encoder and core sizes) —:
 
 ``recurrent``
     ``initial_state()`` is a zero hidden state; ``forward(obs, state)`` runs the cell
@@ -16,7 +17,8 @@ same network, a GRU cell and an actor head with Gumbel-max sampling:
 
 Each is built by ``build_action_step`` as the collector builds it (eager, compiled,
 graphed) and driven as the server drives it: ``load`` (the batch's ring rows) then
-``run``, the time of both per batch, median of ``--iters`` after a warm-up. The ring is
+``run``, the time of both per batch, median of ``--iters`` after a warm-up; the two
+steps take turns batch by batch on the same rows, so the machine's load hits both alike. The ring is
 page-locked, so under ``cuda_graph`` a batch is one replay (index upload, gather,
 state gather/reset/forward/write-back, outputs down). The target (issue 21): at batch
 64 under a CUDA graph, recurrent / feed-forward <= 1.2.
@@ -59,19 +61,25 @@ MODES: dict[str, tuple[dict[str, Any] | None, bool]] = {
 
 
 class Core(torch.nn.Module):
-    """GRU cell + actor head, sampling by Gumbel-max (capturable)."""
+    """MLP encoder + GRU cell + actor head, sampling by Gumbel-max (capturable)."""
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.hidden = hidden
-        self.cell = torch.nn.GRUCell(OBS, hidden)
+        self.encoder = torch.nn.Sequential(
+            torch.nn.Linear(OBS, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.ReLU(),
+        )
+        self.cell = torch.nn.GRUCell(hidden, hidden)
         self.actor = torch.nn.Linear(hidden, ACTIONS)
 
     def act(
         self, obs: torch.Tensor, h: torch.Tensor
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        h = self.cell(obs, h)
+        h = self.cell(self.encoder(obs), h)
         logits = self.actor(h)
         u = torch.rand_like(logits).clamp_(1e-9, 1.0)
         action = (logits - torch.log(-torch.log(u))).argmax(-1)
@@ -94,16 +102,18 @@ class FeedForward(Core):
         return self.act(obs, h)[0]
 
 
-def step_latency(
+def build_step(
     recurrent: bool,
     mode: str,
     *,
     device: torch.device,
     hidden: int,
-    sizes: list[int],
+    capacity: int,
     num_envs: int,
-    iters: int,
-) -> dict[int, float]:
+    ring: np.ndarray,
+    is_init: np.ndarray,
+) -> Any:
+    """The action step the collector would build, bound to ``ring`` as the server binds it."""
     compile_options, graph = MODES[mode]
     net = (Recurrent if recurrent else FeedForward)(hidden).to(device)
     runner = PolicyRunner(net, device=device, observation_paths=((),))
@@ -112,7 +122,6 @@ def step_latency(
         ("action",): Field(("action",), (), np.dtype(np.int64)),
         ("logits",): Field(("logits",), (ACTIONS,), np.dtype(np.float32)),
     }
-    capacity = max(sizes)
     step = build_action_step(
         runner,
         obs,
@@ -122,40 +131,66 @@ def step_latency(
         cuda_graph=graph,
         num_envs=num_envs,
         store_recurrent_state=False,  # as the feed-forward step: the same outputs
+        envs_may_repeat=False,  # no worker restarts, as by default
     )
+    if step.states is not None:
+        step.states.bind(is_init, np.arange(len(ring)) % num_envs)
+    step.attach({(): ring})
+    return step
+
+
+def step_latency(
+    mode: str, *, device: torch.device, hidden: int, sizes: list[int], num_envs: int, iters: int
+) -> dict[str, dict[int, float]]:
+    """Median seconds per batch of each step, by batch size. The two steps take turns,
+    batch by batch, on the same rows: a change in the machine's load hits both alike."""
     rng = np.random.default_rng(0)
     rows = 2 * num_envs  # ring row r is env r % num_envs (two positions per env)
     storage = mmap.mmap(-1, rows * OBS * 4)  # page-aligned, like the ring
     ring = np.frombuffer(storage, dtype=np.float32).reshape(rows, OBS)
     ring[...] = rng.standard_normal(ring.shape, dtype=np.float32)
     is_init = rng.random(rows) < 0.02  # episodes of ~50 steps
-    if step.states is not None:
-        step.states.bind(is_init, np.arange(rows) % num_envs)
-    step.attach({(): ring})
+    kinds = {"feed_forward": False, "recurrent": True}
+    steps = {
+        kind: build_step(
+            recurrent,
+            mode,
+            device=device,
+            hidden=hidden,
+            capacity=max(sizes),
+            num_envs=num_envs,
+            ring=ring,
+            is_init=is_init,
+        )
+        for kind, recurrent in kinds.items()
+    }
     ring_action = np.zeros(rows, np.int64)
     ring_logits = np.zeros((rows, ACTIONS), np.float32)
-    out: dict[int, float] = {}
+    out: dict[str, dict[int, float]] = {kind: {} for kind in kinds}
     for size in sizes:
-        times = []
+        times: dict[str, list[float]] = {kind: [] for kind in kinds}
         for i in range(iters + 10):
             envs = rng.permutation(num_envs)[:size]  # distinct envs, as in any batch
             flat = envs + num_envs * rng.integers(0, 2, size)
-            t0 = time.perf_counter()
-            n = step.load(flat)
-            result, _ = step.run(n)
-            ring_action[flat] = result[("action",)]  # the server's scatter, for both
-            ring_logits[flat] = result[("logits",)]
-            if i >= 10:
-                times.append(time.perf_counter() - t0)
-        out[size] = statistics.median(times)
-    step.close()
+            for kind, step in steps.items():
+                t0 = time.perf_counter()
+                n = step.load(flat)
+                result, _ = step.run(n)
+                ring_action[flat] = result[("action",)]  # the server's scatter, for both
+                ring_logits[flat] = result[("logits",)]
+                if i >= 10:
+                    times[kind].append(time.perf_counter() - t0)
+        for kind in kinds:
+            out[kind][size] = statistics.median(times[kind])
+    for step in steps.values():
+        step.close()
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=512, help="encoder and GRU width")
     p.add_argument("--envs", type=int, default=1024, help="envs whose state the server holds")
     p.add_argument("--sizes", default="1,16,64,256", help="batch sizes")
     p.add_argument("--modes", default=None, help="default: every mode the device has")
@@ -171,17 +206,14 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     latency: dict[str, dict[str, dict[int, float]]] = {}
     for mode in modes:
-        latency[mode] = {}
-        for kind, recurrent in (("feed_forward", False), ("recurrent", True)):
-            latency[mode][kind] = step_latency(
-                recurrent,
-                mode,
-                device=device,
-                hidden=args.hidden,
-                sizes=sizes,
-                num_envs=args.envs,
-                iters=args.iters,
-            )
+        latency[mode] = step_latency(
+            mode,
+            device=device,
+            hidden=args.hidden,
+            sizes=sizes,
+            num_envs=args.envs,
+            iters=args.iters,
+        )
     ratios = {
         mode: {s: t["recurrent"][s] / t["feed_forward"][s] for s in sizes}
         for mode, t in latency.items()
