@@ -26,7 +26,9 @@ state gather/reset/forward/write-back, outputs down). The target (issue 21): at 
     python benchmarks/recurrent_step.py --out benchmarks/results/h200   # on a GPU
     python benchmarks/recurrent_step.py --device cpu --iters 50        # smoke, eager only
 
-Writes ``recurrent_step_<device>.json`` to ``--out``.
+Writes ``recurrent_step_<device>.json`` to ``--out`` (``_stored`` added with
+``--store-state``: the recurrent step also returns each row's state, as the collector's
+default ``store_recurrent_state=True`` does, which costs a device → host copy of it).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def build_step(
     num_envs: int,
     ring: np.ndarray,
     is_init: np.ndarray,
+    store: bool,
 ) -> Any:
     """The action step the collector would build, bound to ``ring`` as the server binds it."""
     compile_options, graph = MODES[mode]
@@ -122,6 +125,8 @@ def build_step(
         ("action",): Field(("action",), (), np.dtype(np.int64)),
         ("logits",): Field(("logits",), (ACTIONS,), np.dtype(np.float32)),
     }
+    if recurrent and store:
+        outputs[("recurrent_state",)] = Field(("recurrent_state",), (hidden,), np.dtype(np.float32))
     step = build_action_step(
         runner,
         obs,
@@ -130,7 +135,7 @@ def build_step(
         compile_options=compile_options,
         cuda_graph=graph,
         num_envs=num_envs,
-        store_recurrent_state=False,  # as the feed-forward step: the same outputs
+        store_recurrent_state=store,  # False: the same outputs as the feed-forward step
         envs_may_repeat=False,  # no worker restarts, as by default
     )
     if step.states is not None:
@@ -140,7 +145,14 @@ def build_step(
 
 
 def step_latency(
-    mode: str, *, device: torch.device, hidden: int, sizes: list[int], num_envs: int, iters: int
+    mode: str,
+    *,
+    device: torch.device,
+    hidden: int,
+    sizes: list[int],
+    num_envs: int,
+    iters: int,
+    store: bool,
 ) -> dict[str, dict[int, float]]:
     """Median seconds per batch of each step, by batch size. The two steps take turns,
     batch by batch, on the same rows: a change in the machine's load hits both alike."""
@@ -161,6 +173,7 @@ def step_latency(
             num_envs=num_envs,
             ring=ring,
             is_init=is_init,
+            store=store,
         )
         for kind, recurrent in kinds.items()
     }
@@ -195,6 +208,9 @@ def main() -> None:
     p.add_argument("--sizes", default="1,16,64,256", help="batch sizes")
     p.add_argument("--modes", default=None, help="default: every mode the device has")
     p.add_argument("--iters", type=int, default=500)
+    # the collector's default (store_recurrent_state=True) also copies each row's state
+    # to the host: not part of the step the target is about, measured on request
+    p.add_argument("--store-state", action="store_true", help="recurrent_state out too")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args()
     device = torch.device(args.device)
@@ -213,6 +229,7 @@ def main() -> None:
             sizes=sizes,
             num_envs=args.envs,
             iters=args.iters,
+            store=args.store_state,
         )
     ratios = {
         mode: {s: t["recurrent"][s] / t["feed_forward"][s] for s in sizes}
@@ -238,7 +255,8 @@ def main() -> None:
             ff, rec = t["feed_forward"][s] * 1e6, t["recurrent"][s] * 1e6
             print(f"| {mode} | {s} | {ff:.1f} | {rec:.1f} | {rec / ff:.2f} |")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"recurrent_step_{device.type}.json"
+    suffix = "_stored" if args.store_state else ""
+    path = args.out / f"recurrent_step_{device.type}{suffix}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"written: {path}")
 
