@@ -162,9 +162,15 @@ def test_a_tensordict_module_reads_the_state_and_is_init_and_writes_next_state()
     assert "next" not in data["recurrent_state"].keys()  # noqa: SIM118 (a TensorDict)
 
 
-def test_the_state_is_kept_across_weight_updates(transport):
+@pytest.mark.parametrize(
+    ("transport", "backend"),
+    [("thread", "thread"), ("process_slots", "thread"), ("process_slots", "process")],
+)
+def test_the_state_is_kept_across_weight_updates(transport, backend):
     policy = RecurrentCountingPolicy()
-    with make(transport, policy, total_frames=-1, frames_per_batch=16) as c:
+    with make(
+        transport, policy, total_frames=-1, frames_per_batch=16, inference_backend=backend
+    ) as c:
         batches = []
         for i in range(40):
             batches.append(next(c))
@@ -332,7 +338,6 @@ def add_one(s):
         (Recurrent(state=[torch.zeros(3)]), TypeError, r"initial_state\(\) must be a tensor"),
         (Recurrent(state={"h": np.zeros(3)}), TypeError, r"\['h'\] is a ndarray"),
         (Recurrent(state={}), ValueError, "empty dict"),
-        (Recurrent(state={"h": torch.zeros(2, dtype=torch.bfloat16)}), ValueError, "bfloat16"),
         (Recurrent(state=lambda: 1 / 0), ValueError, r"initial_state\(\) raised"),
         (Recurrent(step=lambda obs, s: obs[:, 2] % 5), ValueError, r"return \(outputs, new_st"),
         (Recurrent(step=lambda obs, s: (obs[:, 2] % 5, {"x": s["h"]})), ValueError, "leaves"),
@@ -357,6 +362,27 @@ def add_one(s):
 def test_bad_recurrent_policies_fail_at_construction_naming_the_problem(policy, error, match):
     with pytest.raises(error, match=match):
         make(policy=policy)
+
+
+def test_a_state_numpy_cannot_hold_needs_store_recurrent_state_false():
+    class Half(RecurrentCountingPolicy):
+        def initial_state(self):
+            return {**super().initial_state(), "memory": torch.zeros(3, dtype=torch.bfloat16)}
+
+        def forward(self, obs, state):
+            out, new = super().forward(obs, state)
+            return out, {**new, "memory": state["memory"] + 1}
+
+    with pytest.raises(ValueError, match=r"\['memory'\] has dtype torch.bfloat16.*store_rec"):
+        make(policy=Half())
+    with make(policy=Half(), store_recurrent_state=False) as c:
+        data = collect(c)
+    check_recurrent_streams(data, stored=False)
+
+
+def test_store_recurrent_state_must_be_a_bool():
+    with pytest.raises(ValueError, match="store_recurrent_state must be True or False, got 1"):
+        make(store_recurrent_state=1)
 
 
 def test_a_tensordict_module_that_writes_no_next_state_fails_at_construction():

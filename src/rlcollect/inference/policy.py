@@ -63,7 +63,7 @@ class PolicyRunner:
     Raises:
         TypeError: ``policy`` is not a module, or its ``initial_state()`` is not a tensor
             or a nested dict of tensors.
-        ValueError: its ``initial_state()`` raised or holds a dtype numpy cannot hold.
+        ValueError: its ``initial_state()`` raised or returned an empty dict.
 
     Examples:
         >>> import numpy as np

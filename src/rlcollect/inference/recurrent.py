@@ -112,7 +112,7 @@ def initial_state_of(policy: torch.nn.Module, device: torch.device) -> Leaves | 
     Raises:
         TypeError: ``initial_state`` is not callable, or returns something other than a
             tensor or a nested dict of tensors.
-        ValueError: it raised, or returned a state of a dtype numpy cannot hold.
+        ValueError: it raised, or returned an empty dict.
     """
     method = getattr(policy, "initial_state", None)
     if method is None:
@@ -127,25 +127,27 @@ def initial_state_of(policy: torch.nn.Module, device: torch.device) -> Leaves | 
     except Exception as exc:
         raise ValueError(f"policy.initial_state() raised {type(exc).__name__}: {exc}") from exc
     leaves = flatten_state(state, "policy.initial_state()")
-    out: Leaves = {}
-    for path, tensor in leaves.items():
-        try:
-            torch.empty(0, dtype=tensor.dtype).numpy()
-        except TypeError as exc:
-            raise ValueError(
-                f"{_where('policy.initial_state()', path)} has dtype {tensor.dtype}, which the "
-                "ring (numpy) cannot hold; use float32, say"
-            ) from exc
-        out[path] = tensor.detach().to(device).clone()
-    return out
+    return {path: tensor.detach().to(device).clone() for path, tensor in leaves.items()}
 
 
 def state_fields(initial: Mapping[Path, torch.Tensor]) -> tuple[Field, ...]:
-    """Ring fields of the ``recurrent_state`` output: ``("recurrent_state", *path)``."""
-    return tuple(
-        Field((STATE_KEY, *path), tuple(t.shape), torch.empty(0, dtype=t.dtype).numpy().dtype)
-        for path, t in initial.items()
-    )
+    """Ring fields of the ``recurrent_state`` output: ``("recurrent_state", *path)``.
+
+    Raises:
+        ValueError: a leaf of a dtype numpy cannot hold (the ring is numpy's), named.
+    """
+    fields = []
+    for path, tensor in initial.items():
+        try:
+            dtype = torch.empty(0, dtype=tensor.dtype).numpy().dtype
+        except TypeError as exc:
+            raise ValueError(
+                f"{_where('policy.initial_state()', path)} has dtype {tensor.dtype}, which the "
+                "ring (numpy) cannot hold for recurrent_state; use float32, say, or "
+                "store_recurrent_state=False"
+            ) from exc
+        fields.append(Field((STATE_KEY, *path), tuple(tensor.shape), dtype))
+    return tuple(fields)
 
 
 def check_new_state(
