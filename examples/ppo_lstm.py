@@ -118,11 +118,12 @@ class LSTMAgent(nn.Module):
         """Features ``[B, L, hidden]`` of sequences ``obs [B, L, ...]`` from ``state``
         (the stored state of each sequence's first step), reset where an episode starts,
         as the collector's server did."""
+        initial = self.initial_state()
         features = []
         for t in range(obs.shape[1]):
             if t > 0:  # the stored first state is already the reset one
                 start = is_init[:, t, None]
-                state = {k: torch.where(start, 0.0, v) for k, v in state.items()}
+                state = {k: torch.where(start, initial[k], v) for k, v in state.items()}
             h, state = self.core_step(obs[:, t], state)
             features.append(h)
         return torch.stack(features, dim=1)
