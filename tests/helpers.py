@@ -232,3 +232,57 @@ def forking_policy_in_child(pidfile: str, driver_pid: int) -> CountingPolicy:
         with open(pidfile, "w") as f:
             f.write(str(child.pid))
     return CountingPolicy()
+
+
+class RecurrentCountingPolicy(torch.nn.Module):
+    """Recurrent: its state counts the steps since the episode began (``count``) and
+    remembers the env whose observation it last saw (``env``, -1 at first).
+
+    Its action is CountingPolicy's with the step read from the state instead of the
+    observation, so it is right, and every counting-stream check passes, exactly when
+    the state the server fed it is the right one for the row. The output ``count``
+    reveals the state too (also where ``store_recurrent_state=False``).
+    """
+
+    def __init__(self, num_actions: int = 5, *, tensor_state: bool = False) -> None:
+        super().__init__()
+        self.num_actions = num_actions
+        self.tensor_state = tensor_state
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def initial_state(self) -> Any:
+        if self.tensor_state:  # [count, env] in one tensor
+            return torch.tensor([0, -1], dtype=torch.int64)
+        return {"count": torch.zeros((), dtype=torch.int64), "env": torch.tensor(-1)}
+
+    def forward(self, obs: torch.Tensor, state: Any) -> tuple[dict[str, torch.Tensor], Any]:
+        count = state[:, 0] if self.tensor_state else state["count"]
+        action = (obs[:, 0] * 7 + obs[:, 1] * 3 + count) % self.num_actions
+        out = {"action": action, "value": obs[:, 2].float() * self.scale, "count": count.clone()}
+        if self.tensor_state:
+            return out, torch.stack([count + 1, obs[:, 0]], dim=1)
+        return out, {"count": count + 1, "env": obs[:, 0].clone()}
+
+
+def check_recurrent_streams(data: TensorDict, *, stored: bool = True) -> None:
+    """Row by row, the recurrent contract on RecurrentCountingPolicy data: the state an
+    action was computed from is the initial one at step 0 and, after that, the one the
+    same env's previous step returned; ``is_init`` is ``step == 0``."""
+    step, env = data["step"], data["env_index"]
+    assert torch.equal(data["is_init"], step == 0), "is_init is not step == 0"
+    wrong = (data["count"] != step).nonzero().flatten()
+    assert not len(wrong), "the state fed to these rows is not their env's: " + ", ".join(
+        f"env {int(env[i])} ep {int(data['episode'][i])} step {int(step[i])} got count "
+        f"{int(data['count'][i])}"
+        for i in wrong[:5]
+    )
+    if not stored:
+        assert "recurrent_state" not in data.keys()  # noqa: SIM118 (a TensorDict)
+        return
+    state = data["recurrent_state"]
+    if isinstance(state, torch.Tensor):  # the tensor form, [count, env]
+        count, seen = state[:, 0], state[:, 1]
+    else:
+        count, seen = state["count"], state["env"]
+    assert torch.equal(count, step), "recurrent_state is not the state the action came from"
+    assert torch.equal(seen, torch.where(step == 0, -1, env)), "a state came from another env"

@@ -314,3 +314,43 @@ def test_benchmark_vector_env_threads_run_at_the_niceness_asked():
         assert niceness()[threading.get_native_id()] == own[threading.get_native_id()]
     finally:
         env.close()
+
+
+def test_ppo_lstm(tmp_path):
+    # A few updates of each policy: the recurrent one trains from the stored states, the
+    # control without them; both write their curves, the figure holds both.
+    for flag in ((), ("--feed-forward",)):
+        out = run(
+            "examples/ppo_lstm.py",
+            *flag,
+            *("--steps", "2048", "--envs", "4", "--rollout", "64", "--eval-episodes", "2"),
+            *("--out", str(tmp_path)),
+        )
+        assert "mean return (last 20)" in out, out
+    lstm = json.loads((tmp_path / "ppo_lstm.json").read_text())
+    control = json.loads((tmp_path / "ppo_lstm_control.json").read_text())
+    assert lstm["policy"] == "lstm" and control["policy"].startswith("feed-forward")
+    for result in (lstm, control):
+        assert result["env_steps"] == 2048 and result["updates"] == 8
+        assert len(result["eval_returns"]) == 2 and result["episodes"] > 0
+        # CartPole pays 1 a step: finished episodes add up to at most the steps taken
+        assert sum(ret for _, ret in result["curve"]) <= 2048
+    assert (tmp_path / "ppo_lstm.png").stat().st_size > 0
+
+
+def test_recurrent_step_benchmark(tmp_path):
+    # The eager steps on a CPU; on a GPU the graphed ones too (compiling is left out here:
+    # it takes minutes for little more proof).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = run(
+        "benchmarks/recurrent_step.py",
+        *("--sizes", "1,64", "--iters", "5", "--envs", "128", "--hidden", "32"),
+        *("--modes", "eager,graph" if device == "cuda" else "eager", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / f"recurrent_step_{device}.json").read_text())
+    for kind in ("feed_forward", "recurrent"):
+        assert result["latency_seconds"]["eager"][kind]["64"] > 0
+    assert result["recurrent_over_feed_forward"]["eager"]["64"] > 0
+    if device == "cuda":
+        assert result["target"]["ratio"] > 0
+    assert "| eager | 64 |" in out

@@ -67,7 +67,9 @@ class AsyncBatchedCollector:
             consecutive envs).
         policy: a ``torch.nn.Module`` (observations in, the action tensor or a mapping
             holding ``action`` out) or a ``TensorDictModule`` writing ``action``; a
-            deep copy is served on ``policy_device``.
+            deep copy is served on ``policy_device``. With ``initial_state()`` it is
+            recurrent: ``forward(observation, state) -> (outputs, new_state)``, each
+            env's state kept by the server (``docs/usage.md``, *Recurrent policies*).
         policy_factory: instead of ``policy``, a zero-argument callable that builds it.
         frames_per_batch: transitions per yielded batch.
         total_frames: transitions in all, or -1 to collect until :meth:`shutdown`.
@@ -101,6 +103,9 @@ class AsyncBatchedCollector:
             ``max_worker_restarts``); the first batch waits for every env's first
             observation at most half of it after the first came. None: no bound
             (``docs/failures.md``, *Stalls*).
+        store_recurrent_state: with a recurrent policy (one with ``initial_state()``),
+            every transition carries ``recurrent_state``, the state its action was
+            computed from; False leaves it out (large states). ``is_init`` is always there.
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -190,6 +195,7 @@ class AsyncBatchedCollector:
         seed: int | None = 0,
         max_worker_restarts: int = 0,
         stall_timeout: float | None = 60.0,
+        store_recurrent_state: bool = True,
     ) -> None:
         self._closed = True  # until everything is up: shutdown() must work at any point
         self._transport: Transport | None = None
@@ -220,6 +226,7 @@ class AsyncBatchedCollector:
             seed=seed,
             max_worker_restarts=max_worker_restarts,
             stall_timeout=stall_timeout,
+            store_recurrent_state=store_recurrent_state,
         )
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch

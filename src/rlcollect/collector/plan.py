@@ -33,15 +33,17 @@ from rlcollect.collector.probe import (
     build_policy,
     observation_fields,
     probe_policy,
+    probe_runner,
     probe_source,
     served_policy,
 )
 from rlcollect.collector.restarts import RESTART_SLOTS
 from rlcollect.collector.source import Source
-from rlcollect.collector.spec import WorkerSpec, transition_fields
+from rlcollect.collector.spec import IS_INIT, WorkerSpec, transition_fields
 from rlcollect.collector.worker import run_worker
-from rlcollect.inference.policy import PolicyRunner, output_fields
+from rlcollect.inference.policy import output_fields
 from rlcollect.inference.process import InferenceConfig, WeightsLayout
+from rlcollect.inference.recurrent import state_fields
 from rlcollect.inference.server import BatchingConfig
 from rlcollect.replay.buffer import ReplayBuffer
 from rlcollect.replay.sink import SupportsExtend
@@ -118,6 +120,7 @@ def plan_collection(
     seed: int | None,
     max_worker_restarts: int,
     stall_timeout: float | None,
+    store_recurrent_state: bool = True,
 ) -> Plan:
     """Check the collector's arguments, probe env 0 and the policy, and lay out the run
     (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
@@ -162,6 +165,10 @@ def plan_collection(
     )
     checks.check_int("max_worker_restarts", max_worker_restarts, minimum=0)
     stall_timeout = checks.check_stall_timeout(stall_timeout)
+    if not isinstance(store_recurrent_state, bool):
+        raise ValueError(
+            f"store_recurrent_state must be True or False, got {store_recurrent_state!r}"
+        )
     if max_worker_restarts and not transport_obj.supports_restart:
         raise ValueError(
             f"max_worker_restarts={max_worker_restarts}, but the transport "
@@ -194,20 +201,27 @@ def plan_collection(
         served = served_policy(policy, device, own=False)
     else:
         served = served_policy(build_policy(source_of_policy), device, own=True)
-    runner = PolicyRunner(served, device=device, observation_paths=paths)
+    runner = probe_runner(served, device, paths)
     action_field, extra_fields = output_fields(
         probe_policy(runner, source.observation_space, paths), source.action_space
     )
+    recurrent = runner.initial_state is not None
+    if recurrent and store_recurrent_state:
+        # The state each action was computed from: a policy output the server writes.
+        assert runner.initial_state is not None
+        extra_fields += state_fields(runner.initial_state)
     staging = None
     if source.vector:
         staged = (*(f.key for f in obs_fields), action_field.key)
         staged += (*(f.key for f in extra_fields), ("policy_version",))
+        if recurrent:  # written by the worker with each staged observation
+            staged += (IS_INIT.key,)
         staging = Staging(keys=staged, columns=source.batch_size)
     slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
     num_workers = len(env_fns) // envs_per_worker
     checks.warn_of_thread_oversubscription(num_workers)
     layout = RingLayout(
-        fields=transition_fields(obs_fields, action_field, extra_fields),
+        fields=transition_fields(obs_fields, action_field, extra_fields, recurrent=recurrent),
         num_workers=num_workers,
         envs_per_worker=worker_envs,
         chunk_steps=chunk_steps,
@@ -229,6 +243,9 @@ def plan_collection(
         weights=WeightsLayout.of(served.state_dict()),
         seed=seed,
         stall_timeout=stall_timeout,
+        recurrent=recurrent,
+        store_recurrent_state=store_recurrent_state,
+        restarts=max_worker_restarts > 0,
     )
     specs = tuple(
         WorkerSpec(

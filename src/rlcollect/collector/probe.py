@@ -23,7 +23,14 @@ from rlcollect.errors import WorkerError
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Path
 
-__all__ = ["build_policy", "observation_fields", "probe_policy", "probe_source", "served_policy"]
+__all__ = [
+    "build_policy",
+    "observation_fields",
+    "probe_policy",
+    "probe_runner",
+    "probe_source",
+    "served_policy",
+]
 
 
 def probe_source(env_fn: Callable[[], Any], timeout: float | None = None) -> Source:
@@ -131,10 +138,19 @@ def served_policy(policy: Any, device: torch.device, *, own: bool) -> torch.nn.M
     return served
 
 
+def probe_runner(
+    policy: torch.nn.Module, device: torch.device, paths: tuple[Path, ...]
+) -> PolicyRunner:
+    """The runner of the served policy; a recurrent one's ``initial_state()`` is called
+    and checked here (a ``TypeError`` or ``ValueError`` naming what is wrong)."""
+    return PolicyRunner(policy, device=device, observation_paths=paths)
+
+
 def probe_policy(
     runner: PolicyRunner, space: Any, paths: tuple[Path, ...]
 ) -> dict[tuple[str, ...], torch.Tensor]:
-    """Run the policy once on two sampled observations to learn its outputs."""
+    """Run the policy once on two sampled observations to learn its outputs (a recurrent
+    one from its initial state, its new state checked against it)."""
     space.seed(0)
     samples = [space.sample(), space.sample()]
     batch: dict[Path, np.ndarray] = {}

@@ -16,7 +16,7 @@ import numpy as np
 from rlcollect.collector.source import Source
 from rlcollect.transports.layout import Field, Key, Path
 
-__all__ = ["Path", "WorkerSpec", "observation_key", "transition_fields"]
+__all__ = ["IS_INIT", "Path", "WorkerSpec", "observation_key", "transition_fields"]
 
 
 def observation_key(path: Path, *, nxt: bool = False) -> Key:
@@ -24,13 +24,22 @@ def observation_key(path: Path, *, nxt: bool = False) -> Key:
     return (("next", "observation") if nxt else ("observation",)) + path
 
 
+#: Ring field a worker writes next to each observation for a recurrent policy: ``step == 0``.
+IS_INIT = Field(("is_init",), (), np.dtype(np.bool_))
+
+
 def transition_fields(
-    observations: tuple[Field, ...], action: Field, extras: tuple[Field, ...] = ()
+    observations: tuple[Field, ...],
+    action: Field,
+    extras: tuple[Field, ...] = (),
+    *,
+    recurrent: bool = False,
 ) -> tuple[Field, ...]:
     """Every ring field of a transition, given the observation leaves and policy outputs.
 
     ``observations`` are keyed ``("observation", *path)``; their ``("next", ...)``
-    twins, the bookkeeping fields and the step results are added here.
+    twins, the bookkeeping fields and the step results are added here, and ``is_init``
+    for a ``recurrent`` policy (the server reads it to reset an env's state).
     """
     return (
         *observations,
@@ -44,6 +53,7 @@ def transition_fields(
         Field(("next", "reward"), (), np.dtype(np.float32)),
         Field(("next", "terminated"), (), np.dtype(np.bool_)),
         Field(("next", "truncated"), (), np.dtype(np.bool_)),
+        *((IS_INIT,) if recurrent else ()),
     )
 
 

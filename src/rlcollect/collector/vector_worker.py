@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from rlcollect.collector.spec import Path, WorkerSpec, observation_key
+from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, observation_key
 from rlcollect.collector.stall import Progress, Stage
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
@@ -235,6 +235,9 @@ class _VectorLoop:
         }
         self.staged = {key[1:]: a for key, a in buf.items() if key[0] == STAGED}
         self.request_index = self.staged.pop(("rows",))
+        # Only with a recurrent policy: set with each staged observation that starts an
+        # episode, read by the server (to reset the env's state) and copied into the chunk.
+        self.is_init = self.staged.get(IS_INIT.key)
         self.paths = spec.observation_paths
         self.obs_keys = [observation_key(p) for p in self.paths]
         self.next_keys = [observation_key(p, nxt=True) for p in self.paths]
@@ -292,6 +295,8 @@ class _VectorLoop:
         new_cells = (old_cells + self.k) % (2 * self.k)
         for key, leaf in zip(self.obs_keys, staged, strict=True):
             self.staged[key][new_cells] = leaf
+        if self.is_init is not None:
+            self.is_init[new_cells] = self._starts(driver, cols, done)
         self.request_index[g] = new_cells
         self.end.request(g)
         if finishing.size:
@@ -314,6 +319,17 @@ class _VectorLoop:
             else:
                 self.episode[fin_done] += 1
                 self.step[fin_done] = 0
+
+    def _starts(self, driver: _VectorEnvDriver, cols: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Which of the observations just returned for ``cols`` start an episode (step
+        0), by the bookkeeping below: a reset result (no transition under way), or, where
+        the result carries the reset observation itself (``SameStep``, ``Disabled``),
+        one that ended an episode. A ``NextStep`` final observation is never a
+        transition's: its env's next observation, the reset one, starts the episode."""
+        starts: np.ndarray = ~self.pending[cols]
+        if driver.mode is not AutoresetMode.NEXT_STEP:
+            starts |= done
+        return starts
 
     def _reset_finished(
         self, driver: _VectorEnvDriver, finished: np.ndarray, cols: np.ndarray, leaves: list[Any]

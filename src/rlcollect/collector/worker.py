@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from rlcollect.collector.source import Source, describe
-from rlcollect.collector.spec import Path, WorkerSpec, observation_key
+from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, observation_key
 from rlcollect.collector.stall import Progress, Stage
 from rlcollect.collector.vector_worker import vector_loop
 from rlcollect.errors import EnvError
@@ -144,6 +144,8 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
     env_index_field = buf[("env_index",)]
     episode_field = buf[("episode",)]
     step_field = buf[("step",)]
+    # Only with a recurrent policy: the server resets an env's state where it is set.
+    is_init_field = buf.get(IS_INIT.key)
 
     env_ids = spec.env_offset + np.arange(k, dtype=np.int64)
     episode = np.zeros(k, dtype=np.int64)
@@ -168,11 +170,20 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
         step_field[p, cols] = step[cols]
         end.request(p * groups + g)
 
+    def write_flagged(p: int, g: int) -> None:
+        assert is_init_field is not None
+        cols = columns[g]
+        np.equal(step[cols], 0, out=is_init_field[p, cols])  # before the request goes out
+        write(p, g)
+
+    # Chosen once: a feed-forward policy's loop is exactly what it was without the flag.
+    emit = write if is_init_field is None else write_flagged
+
     enter, leave, STEP, RESET = progress.enter, progress.leave, Stage.STEP, Stage.RESET
     p = 0
     end.wait_slot()
     for g in range(groups):
-        write(p, g)
+        emit(p, g)
     while True:
         nxt = p + 1 if p + 1 < positions else 0
         new_slot = nxt % steps == 0
@@ -221,5 +232,5 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                     end.hand_over(p // steps)
                 if g == 0:
                     end.wait_slot()
-            write(nxt, g)
+            emit(nxt, g)
         p = nxt

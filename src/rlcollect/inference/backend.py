@@ -30,6 +30,14 @@ def build_server(
     action step is built (compiled, captured) here."""
     device = torch.device(config.device)
     runner = PolicyRunner(policy, device=device, observation_paths=config.observation_paths)
+    if runner.recurrent != config.recurrent:
+        # The inference process builds its own policy: it must be the kind that was probed.
+        kind = "recurrent" if config.recurrent else "feed-forward"
+        raise ValueError(
+            f"the served policy {'lacks' if config.recurrent else 'has'} initial_state(), "
+            f"but the policy probed at construction was {kind}"
+        )
+    layout = config.layout
     step = build_action_step(
         runner,
         dict(config.observations),
@@ -37,6 +45,9 @@ def build_server(
         capacity=config.capacity,
         compile_options=config.compile_options,
         cuda_graph=config.cuda_graph,
+        num_envs=layout.num_workers * layout.envs_per_worker,
+        store_recurrent_state=config.store_recurrent_state,
+        envs_may_repeat=config.restarts,
     )
     return InferenceServer(
         runner,

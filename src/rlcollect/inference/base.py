@@ -51,6 +51,7 @@ class InferenceBackend(ABC):
 
         Returns the new :attr:`policy_version`. Raises KeyError or ValueError, before
         anything changes, when the names or shapes do not match the served policy's.
+        A recurrent policy's per-env states are kept across the update.
         """
 
     @abstractmethod

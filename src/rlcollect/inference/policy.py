@@ -5,6 +5,12 @@ dict observation spaces) on the policy device and returns the action tensor, or 
 mapping / TensorDict holding ``action`` and extra outputs. A ``TensorDictModule``
 receives a TensorDict holding ``observation`` and writes its ``out_keys``, which must
 include ``action``. Either way the runner returns ``{key: tensor [B, ...]}``.
+
+A recurrent policy (one with ``initial_state()``, see ``recurrent.py``) is called with
+the batch's state too: a plain module as ``forward(observation, state)``, returning
+``(outputs, new_state)``; a ``TensorDictModule`` with ``recurrent_state`` and ``is_init``
+in its TensorDict, writing ``("next", "recurrent_state")``. ``outputs`` follow the rules
+above; ``new_state`` must have the structure, shapes and dtypes of the state it got.
 """
 
 from __future__ import annotations
@@ -16,6 +22,15 @@ import numpy as np
 import torch
 
 from rlcollect._tensordict import TensorDict, TensorDictBase, TensorDictModuleBase
+from rlcollect.inference.recurrent import (
+    IS_INIT_KEY,
+    STATE_KEY,
+    Leaves,
+    check_new_state,
+    flatten_state,
+    initial_state_of,
+    unflatten_state,
+)
 from rlcollect.transports.layout import Field, Key, Path
 
 __all__ = ["PolicyRunner"]
@@ -25,6 +40,8 @@ __all__ = ["PolicyRunner"]
 RESERVED_KEYS = frozenset(
     {"observation", "next", "env_index", "episode", "step", "policy_version", "staged"}
 )
+#: Keys the collector writes for recurrent policies; their outputs may not use them either.
+RECURRENT_KEYS = frozenset({STATE_KEY, IS_INIT_KEY})
 
 
 class PolicyRunner:
@@ -40,8 +57,13 @@ class PolicyRunner:
         observation_paths: the observation leaves, ``((),)`` for a plain array, else
             one name path per leaf of a dict observation space.
 
+    A policy with ``initial_state()`` is recurrent (:attr:`initial_state` holds one env's
+    state, checked here); call it with :meth:`call_recurrent`.
+
     Raises:
-        TypeError: ``policy`` is not a module.
+        TypeError: ``policy`` is not a module, or its ``initial_state()`` is not a tensor
+            or a nested dict of tensors.
+        ValueError: its ``initial_state()`` raised or returned an empty dict.
 
     Examples:
         >>> import numpy as np
@@ -68,6 +90,13 @@ class PolicyRunner:
         self.paths = observation_paths
         self.tensordict_policy = isinstance(policy, TensorDictModuleBase)
         self._dict_obs = observation_paths != ((),)
+        #: One env's initial state by leaf, on ``device``; None for a feed-forward policy.
+        self.initial_state: Leaves | None = initial_state_of(policy, device)
+
+    @property
+    def recurrent(self) -> bool:
+        """True for a policy with ``initial_state()``."""
+        return self.initial_state is not None
 
     def __call__(self, observations: Mapping[Path, np.ndarray]) -> dict[Key, torch.Tensor]:
         """``observations[path]`` is ``[B, *shape]``; returns every output as ``[B, ...]``.
@@ -82,7 +111,13 @@ class PolicyRunner:
             path: torch.from_numpy(arr).to(self.device) for path, arr in observations.items()
         }
         with torch.inference_mode():
-            return self.call(tensors)
+            if self.initial_state is None:
+                return self.call(tensors)
+            # A recurrent policy, every row at the start of an episode.
+            batch = next(iter(tensors.values())).shape[0]
+            state = {p: t.expand(batch, *t.shape).clone() for p, t in self.initial_state.items()}
+            is_init = torch.ones(batch, dtype=torch.bool, device=self.device)
+            return self.call_recurrent(tensors, state, is_init)[0]
 
     def call(self, tensors: Mapping[Path, torch.Tensor]) -> dict[Key, torch.Tensor]:
         """The policy on observation tensors already on the device (graph-capturable)."""
@@ -101,13 +136,80 @@ class PolicyRunner:
             arg = tensors[()]
         return _outputs(self.policy(arg), batch)
 
+    def call_recurrent(
+        self, tensors: Mapping[Path, torch.Tensor], state: Leaves, is_init: torch.Tensor
+    ) -> tuple[dict[Key, torch.Tensor], Leaves]:
+        """A recurrent policy on observations and the batch's ``state`` (leaves ``[B,
+        *shape]``), all on the device (graph-capturable): its outputs and new state.
 
-def _outputs_of_tensordict(td: TensorDictBase, batch: int) -> dict[Key, torch.Tensor]:
+        Raises:
+            TypeError: a plain module returned something other than ``(outputs,
+                new_state)``, or a ``new_state`` that is no tensor or dict of tensors.
+            ValueError: a ``TensorDictModule`` wrote no ``("next", "recurrent_state")``;
+                ``new_state`` differs from ``state`` in structure, shape, dtype or
+                device; or an output named like a key the collector writes.
+        """
+        assert self.initial_state is not None, "call_recurrent needs a recurrent policy"
+        batch = next(iter(tensors.values())).shape[0]
+        if self.tensordict_policy:
+            td = TensorDict(
+                {("observation", *path): t for path, t in tensors.items()},
+                batch_size=[batch],
+                device=self.device,
+            )
+            for path, value in state.items():
+                td.set((STATE_KEY, *path), value)
+            td.set(IS_INIT_KEY, is_init)
+            result = self.policy(td)
+            result = result if result is not None else td
+            nxt = (("next", STATE_KEY, *path) for path in self.initial_state)
+            if any(key not in result.keys(include_nested=True) for key in nxt):
+                raise ValueError(
+                    "a recurrent TensorDictModule must write ('next', 'recurrent_state') (the "
+                    "new state, structured like initial_state()); this one wrote "
+                    f"{sorted(map(str, result.keys(include_nested=True, leaves_only=True)))}"
+                )
+            new = {path: result.get(("next", STATE_KEY, *path)) for path in self.initial_state}
+            outputs = _outputs_of_tensordict(result, batch, recurrent=True)
+        else:
+            if self._dict_obs:
+                arg: Any = TensorDict(dict(tensors), batch_size=[batch], device=self.device)
+            else:
+                arg = tensors[()]
+            returned = self.policy(arg, unflatten_state(state))
+            if not isinstance(returned, tuple) or len(returned) != 2:
+                raise TypeError(
+                    "a recurrent policy (it has initial_state()) must return (outputs, "
+                    f"new_state); it returned {_describe(returned)}"
+                )
+            outputs = _outputs(returned[0], batch)
+            new = flatten_state(returned[1], "new_state")
+        check_new_state(new, self.initial_state, batch, self.device)
+        for key in outputs:
+            if key[0] in RECURRENT_KEYS:
+                raise ValueError(
+                    f"policy output {key} is named like a key the collector writes for "
+                    "recurrent policies; rename that output"
+                )
+        return outputs, new
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _outputs_of_tensordict(
+    td: TensorDictBase, batch: int, *, recurrent: bool = False
+) -> dict[Key, torch.Tensor]:
     out: dict[Key, torch.Tensor] = {}
     for key in td.keys(include_nested=True, leaves_only=True):
         tkey = (key,) if isinstance(key, str) else tuple(key)
         if tkey[0] == "observation":
             continue
+        if recurrent and (tkey[0] in RECURRENT_KEYS or tkey[:2] == ("next", STATE_KEY)):
+            continue  # the state and flags it was given, and the new state it wrote
         out[tkey] = td.get(key)
     return _check_batch(out, batch)
 

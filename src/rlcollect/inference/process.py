@@ -136,6 +136,11 @@ class InferenceConfig:
     weights: WeightsLayout
     seed: int | None = None  # the policy's random stream (inference/rng.py); None: unseeded
     stall_timeout: float | None = None  # how long the process may stay stopped (SIGSTOP)
+    #: The probed policy is recurrent (``inference/recurrent.py``): the server holds every
+    #: env's state, and the policy it builds must be recurrent too.
+    recurrent: bool = False
+    store_recurrent_state: bool = True  # the state goes out as ("recurrent_state", ...)
+    restarts: bool = True  # workers may restart: a batch may name an env twice
 
 
 @dataclass(frozen=True)

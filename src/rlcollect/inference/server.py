@@ -47,7 +47,7 @@ from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.rng import PolicyRng
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import RequestEnd
-from rlcollect.transports.layout import Key, RingLayout, request_rows
+from rlcollect.transports.layout import Key, RingLayout, request_envs, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
 
@@ -218,6 +218,9 @@ class InferenceServer(InferenceBackend):
         # Every field requests touch, seen as [rows, *shape]: a batch is the rows that
         # request_rows names, read for observations and written for outputs.
         views = end.buffers
+        if step.states is not None:  # a recurrent policy: which env, and new episode?
+            is_init = layout.request_sources(views, ("is_init",))
+            step.states.bind(is_init, request_envs(layout, np.arange(len(is_init))))
         step.attach(
             {path: layout.request_sources(views, ("observation", *path)) for path in runner.paths}
         )
@@ -287,6 +290,9 @@ class InferenceServer(InferenceBackend):
 
     def update_weights(self, state_dict: Mapping[str, Any], *, version: int | None = None) -> int:
         """Copy ``state_dict`` into the served policy in place, between batches.
+
+        A recurrent policy's per-env states are kept as they are: an env in the middle
+        of an episode goes on from the state the old weights computed.
 
         Args:
             state_dict: every weight of the policy, by name.

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from rlcollect.inference.policy import PolicyRunner
+from rlcollect.inference.recurrent import StateStore
 from rlcollect.transports.layout import Field, Key, Path
 
 # The strategies themselves (ActionStep, HostStep, DeviceStep) are the inference
@@ -81,6 +82,8 @@ class ActionStep(ABC):
     capacity: int
     #: Host buffers a host-side gather writes into, ``[capacity, *shape]``.
     inputs: dict[Path, np.ndarray]
+    #: Every env's recurrent state (recurrent policies only; ``inference/recurrent.py``).
+    states: StateStore | None = None
 
     @property
     def gathers_on_device(self) -> bool:
@@ -174,11 +177,7 @@ class DeviceStep(ActionStep):
             for _ in range(4)
         ]
         self._pad = compile_options is not None or cuda_graph
-
-        step: Callable[[Mapping[Path, torch.Tensor]], dict[Key, torch.Tensor]] = runner.call
-        if compile_options is not None:
-            step = torch.compile(runner.call, **compile_options)
-        self._step = step
+        self._step = self._build_step(runner, compile_options)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[Key, torch.Tensor]]] = {}
         # Per padded size, the graph of index upload + gather + step + outputs down
         # (captured by attach when the ring is page-locked).
@@ -192,6 +191,16 @@ class DeviceStep(ActionStep):
             if cuda_graph:
                 self._capture()
         self._stream.synchronize()
+
+    def _build_step(
+        self, runner: PolicyRunner, compile_options: Mapping[str, Any] | None
+    ) -> Callable[[Mapping[Path, torch.Tensor]], dict[Key, torch.Tensor]]:
+        """What is compiled, warmed up and captured: the policy call, device tensors in."""
+        if compile_options is not None:
+            compiled: Callable[[Mapping[Path, torch.Tensor]], dict[Key, torch.Tensor]]
+            compiled = torch.compile(runner.call, **compile_options)
+            return compiled
+        return runner.call
 
     @property
     def gathers_on_device(self) -> bool:
@@ -368,6 +377,9 @@ def build_action_step(
     capacity: int,
     compile_options: Mapping[str, Any] | None = None,
     cuda_graph: bool = False,
+    num_envs: int | None = None,
+    store_recurrent_state: bool = True,
+    envs_may_repeat: bool = True,
 ) -> ActionStep:
     """The action step an :class:`~rlcollect.inference.server.InferenceServer` runs per
     batch: gather the observations, run the policy, return its outputs on the host.
@@ -387,6 +399,13 @@ def build_action_step(
         compile_options: ``torch.compile`` keyword arguments, or None for no compile
             (CUDA only).
         cuda_graph: capture the step as a CUDA graph per padded batch size (CUDA only).
+        num_envs: envs served, for a recurrent policy (``runner.recurrent``): the step
+            then holds every env's state (``inference/recurrent.py``).
+        store_recurrent_state: a recurrent policy's step returns the state each action
+            was computed from as the output ``("recurrent_state", *path)``.
+        envs_may_repeat: one batch may name an env twice (worker restarts: a stale
+            request of the restarted worker's predecessor), so a recurrent policy's step
+            checks every batch for it.
 
     Returns:
         The step, for :class:`~rlcollect.inference.server.InferenceServer`.
@@ -426,8 +445,37 @@ def build_action_step(
                 f"compile_options and cuda_graph need a policy on a CUDA device; the runner's "
                 f"is {runner.device}"
             )
-        return HostStep(runner, observations, capacity)
+        if runner.initial_state is None:
+            return HostStep(runner, observations, capacity)
+    states = None
+    if runner.initial_state is not None:
+        # Imported here: the recurrent steps build on this module's.
+        from rlcollect.inference.recurrent_step import RecurrentDeviceStep, RecurrentHostStep
+
+        if num_envs is None:
+            raise ValueError("a recurrent policy's action step needs num_envs")
+        rows = capacity if runner.device.type != "cuda" else buckets_for(capacity)[-1]
+        states = StateStore(
+            runner.initial_state,
+            num_envs=num_envs,
+            capacity=rows,
+            store=store_recurrent_state,
+            flags=runner.tensordict_policy,  # only a TensorDictModule may read is_init
+            repeats=envs_may_repeat,
+        )
+        if runner.device.type != "cuda":
+            return RecurrentHostStep(runner, observations, capacity, states)
     try:
+        if states is not None:
+            return RecurrentDeviceStep(
+                runner,
+                observations,
+                outputs,
+                capacity,
+                states=states,
+                compile_options=compile_options,
+                cuda_graph=cuda_graph,
+            )
         return DeviceStep(
             runner,
             observations,

@@ -41,7 +41,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Field", "Key", "RingLayout", "Staging", "request_rows", "worker_views"]
+__all__ = [
+    "Field",
+    "Key",
+    "RingLayout",
+    "Staging",
+    "request_envs",
+    "request_rows",
+    "worker_views",
+]
 
 Key = tuple[str, ...]
 """A TensorDict key as a tuple of names: ``("observation",)``, ``("next", "reward")``.
@@ -346,6 +354,38 @@ def request_rows(
     first = workers * per_worker + requests * c
     out: np.ndarray = (first[:, None] + np.arange(c)).reshape(-1)
     return out.astype(np.intp, copy=False)
+
+
+def request_envs(layout: RingLayout, rows: np.ndarray) -> np.ndarray:
+    """The collector env of each flat request row (as :func:`request_rows` gives them).
+
+    A row's env follows from where it sits: worker ``w``'s column ``c`` is env
+    ``w * envs_per_worker + c``, in place (rows ``[w, p, c]``) and staged alike (cells
+    ``c`` and ``c + envs_per_worker`` of worker ``w``). The inference server keys each
+    env's recurrent state by it.
+
+    Args:
+        layout: the ring.
+        rows: flat rows into :meth:`RingLayout.request_sources`.
+
+    Returns:
+        int64 env indices, one per row.
+
+    Examples:
+        >>> import numpy as np
+        >>> from rlcollect.testing import counting_layout
+        >>> from rlcollect.transports.layout import request_envs, request_rows
+        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> views = layout.views(bytearray(layout.nbytes))
+        >>> rows = request_rows(layout, views, np.array([0, 1]), np.array([0, 3]))
+        >>> request_envs(layout, rows).tolist()  # worker 0's envs, then worker 1's
+        [0, 1, 2, 3]
+    """
+    k = layout.envs_per_worker
+    per_worker = 2 * k if layout.staging is not None else layout.positions * k
+    rows = rows.astype(np.int64, copy=False)
+    out: np.ndarray = (rows // per_worker) * k + rows % k
+    return out
 
 
 def worker_views(views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.ndarray]:
