@@ -144,6 +144,13 @@ def build_step(
     return step
 
 
+def _copy_of(ring: np.ndarray) -> np.ndarray:
+    storage = mmap.mmap(-1, ring.nbytes)  # page-aligned, like the ring
+    copy = np.frombuffer(storage, dtype=ring.dtype).reshape(ring.shape)
+    copy[...] = ring
+    return copy
+
+
 def step_latency(
     mode: str,
     *,
@@ -171,7 +178,9 @@ def step_latency(
             hidden=hidden,
             capacity=max(sizes),
             num_envs=num_envs,
-            ring=ring,
+            # A ring of its own (the same rows): a collector's step page-locks its ring,
+            # and one range cannot be page-locked twice.
+            ring=_copy_of(ring),
             is_init=is_init,
             store=store,
         )

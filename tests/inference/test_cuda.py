@@ -227,6 +227,32 @@ def test_gathering_on_the_device_matches_the_host_gather():
     assert np.array_equal(direct.run(10)[0][("logits",)], results[0][("logits",)])
 
 
+def test_a_ring_that_cannot_be_page_locked_is_gathered_on_the_host():
+    """A second step bound to a ring already page-locked (by the first) is refused the
+    page-locking; it gathers on the host, and the refusal leaves no CUDA error behind
+    for the next launch to report as its own."""
+    import mmap
+
+    rows = 16
+    storage = mmap.mmap(-1, rows * 4 * 84 * 84)
+    ring = np.frombuffer(storage, dtype=np.uint8).reshape(rows, 4, 84, 84)
+    ring[...] = np.random.default_rng(3).integers(0, 256, ring.shape, dtype=np.uint8)
+    first = conv_step(ConvPolicy(), cuda_graph=True)
+    second = conv_step(ConvPolicy(), cuda_graph=False)
+    first.attach({(): ring})
+    second.attach({(): ring})
+    assert first.gathers_on_device and not second.gathers_on_device
+    flat = np.array([3, 1, 4, 15, 9, 2, 6])
+    outputs = []
+    for step in (first, second):
+        n = step.load(flat)
+        outputs.append(step.run(n)[0][("logits",)].copy())
+    torch.cuda.synchronize()  # a left-over error would surface here at the latest
+    assert np.array_equal(outputs[0], outputs[1])
+    first.close()
+    second.close()
+
+
 def test_the_whole_step_graph_serves_batches_of_every_size_in_any_order():
     """Batches of changing sizes through the one-replay graphs (page-locked ring), each
     against the same rows through the separate launches (ring not page-locked): the

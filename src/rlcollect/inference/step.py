@@ -357,12 +357,29 @@ def _register(array: np.ndarray, device: torch.device) -> torch.Tensor | None:
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     mapped_portable = 0x02 | 0x01  # cudaHostRegisterMapped | cudaHostRegisterPortable
     if int(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, mapped_portable)) != 0:
+        # The refusal stays as the thread's last CUDA error, which torch would report
+        # at its next launch as that launch's failure: clear it, then gather on the host.
+        _clear_last_cuda_error()
         return None
     try:
         return torch.as_tensor(_CudaArray(array), device=device)
     except Exception:
         cudart.cudaHostUnregister(array.ctypes.data)
         return None
+
+
+def _clear_last_cuda_error() -> None:
+    """Reset this thread's last CUDA runtime error (``cudaGetLastError``), through the
+    runtime library torch loaded: torch's own bindings do not offer the call."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    for path in paths:
+        try:
+            ctypes.CDLL(path).cudaGetLastError()
+        except (OSError, AttributeError):
+            continue
 
 
 def _torch_dtype(field: Field) -> torch.dtype:
