@@ -125,6 +125,12 @@ class Background:
         self.raise_error()
         return True
 
+    def check_stopping(self) -> None:
+        """Raise Stopping once shut down (a point where a pause must not hold: inside an
+        on-policy round, which an update waits for)."""
+        if self.stopping.is_set():
+            raise Stopping
+
     def quiet_point(self) -> None:
         """Raise Stopping once shut down; in the background thread, hold here while a
         pause is requested."""

@@ -55,9 +55,12 @@ class AsyncBatchedCollector:
     ``frames_per_batch`` transitions (the last one holds what remains of
     ``total_frames``) with the keys ``observation``, ``action``, every other policy
     output, ``policy_version``, ``env_index``, ``episode``, ``step`` and
-    ``("next", "observation" | "reward" | "terminated" | "truncated" | "done")``.
-    Rows of one batch come from many envs; sort by ``(env_index, episode, step)`` to
-    read one env's stream. Every argument, in detail: ``docs/usage.md``.
+    ``("next", "observation" | "reward" | "terminated" | "truncated" | "done" |
+    "episode_return" | "episode_length")``. Rows of one batch come from many envs; sort
+    by ``(env_index, episode, step)`` to read one env's stream. With ``on_policy=True``
+    a batch is ``[num_envs, T]`` instead: row ``e`` is env ``e``'s next ``T`` steps, all
+    computed with the weights current when the batch was asked for. Every argument, in
+    detail: ``docs/usage.md``.
 
     Args:
         env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
@@ -93,6 +96,12 @@ class AsyncBatchedCollector:
         seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
             is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
         max_worker_restarts: failed workers restarted in all before an error is raised.
+        on_policy: batches of ``batch_size [num_envs, T]``, ``T = frames_per_batch //
+            num_envs``; every action of a batch is computed with the weights current
+            when it was asked for, and envs wait while the learner learns
+            (``docs/usage.md``, *On-policy rollouts*).
+        info_keys: names of numeric ``info`` entries to carry as
+            ``("next", "info", name)``; dtype and shape come from env 0.
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -149,8 +158,8 @@ class AsyncBatchedCollector:
         torch.Size([16]) weights version 3
         >>> sorted(batch.keys())
         ['action', 'env_index', 'episode', 'next', 'observation', 'policy_version', 'step']
-        >>> sorted(batch["next"].keys())
-        ['done', 'observation', 'reward', 'terminated', 'truncated']
+        >>> print(*sorted(batch["next"].keys()))
+        done episode_length episode_return observation reward terminated truncated
         >>> batch["observation"].dtype, batch["action"].dtype, batch["next", "done"].dtype
         (torch.float32, torch.int64, torch.bool)
 
@@ -181,6 +190,8 @@ class AsyncBatchedCollector:
         learning_starts: int = 0,
         seed: int | None = 0,
         max_worker_restarts: int = 0,
+        on_policy: bool = False,
+        info_keys: Sequence[str] = (),
     ) -> None:
         self._closed = True  # until everything is up: shutdown() must work at any point
         self._transport: Transport | None = None
@@ -210,6 +221,8 @@ class AsyncBatchedCollector:
             learning_starts=learning_starts,
             seed=seed,
             max_worker_restarts=max_worker_restarts,
+            on_policy=on_policy,
+            info_keys=info_keys,
         )
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch
@@ -373,7 +386,18 @@ class AsyncBatchedCollector:
         if self._closed or self.server is None:
             raise CollectorError("the collector is shut down")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-        return self.server.update_weights(state)
+        gate = self._chunks.gate
+        if gate is None:
+            return self.server.update_weights(state)
+        # On-policy: an update from another thread while a round runs waits for its end,
+        # so that no batch mixes two versions (collector/rollouts.py).
+        with gate.between_rounds(self._check_alive):
+            return self.server.update_weights(state)
+
+    def _check_alive(self) -> None:
+        self._background.raise_error()
+        if self._closed:
+            raise CollectorError("the collector was shut down while an update waited")
 
     def stats(self) -> dict[str, Any]:
         """Frames, batches, throughput, driver CPU time per frame and server statistics
@@ -395,6 +419,7 @@ class AsyncBatchedCollector:
             "driver_cpu_ms_per_frame": 1e3 * cpu / frames if frames else 0.0,
             "consumer_wait_seconds": self._chunks.wait_seconds,
             "policy_version": self.policy_version,
+            "episodes": self._chunks.episodes.stats(),
         }
         if self._chunks.throttle is not None:
             out.update(self._chunks.throttle.stats(frames))

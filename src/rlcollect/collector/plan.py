@@ -32,8 +32,8 @@ from rlcollect.collector import checks
 from rlcollect.collector.probe import (
     build_policy,
     observation_fields,
+    probe_env,
     probe_policy,
-    probe_source,
     served_policy,
 )
 from rlcollect.collector.restarts import RESTART_SLOTS
@@ -51,6 +51,8 @@ from rlcollect.transports.layout import RingLayout, Staging
 __all__ = ["Plan", "plan_collection"]
 
 _SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
+_ROUND_SLOTS = 1  # on-policy: a worker's one round, which the driver gives back to start
+# the next (collector/rollouts.py)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Plan:
     throttle: tuple[float, ReplayBuffer] | None  # (train_ratio, the buffer that counts)
     learning_starts: int
     max_worker_restarts: int
+    on_policy: bool = False
 
     @property
     def worker_envs(self) -> int:
@@ -116,6 +119,8 @@ def plan_collection(
     learning_starts: int,
     seed: int | None,
     max_worker_restarts: int,
+    on_policy: bool = False,
+    info_keys: Sequence[str] = (),
 ) -> Plan:
     """Check the collector's arguments, probe env 0 and the policy, and lay out the run
     (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
@@ -159,6 +164,9 @@ def plan_collection(
         policy, policy_factory, inference_backend, transport_obj
     )
     checks.check_int("max_worker_restarts", max_worker_restarts, minimum=0)
+    if not isinstance(on_policy, bool):
+        raise ValueError(f"on_policy must be True or False, got {on_policy!r}")
+    names = checks.info_keys_of(info_keys)
     if max_worker_restarts and not transport_obj.supports_restart:
         raise ValueError(
             f"max_worker_restarts={max_worker_restarts}, but the transport "
@@ -166,7 +174,7 @@ def plan_collection(
             "is False)"
         )
 
-    source = probe_source(env_fns[0])
+    source, info_fields = probe_env(env_fns[0], names)
     if max_worker_restarts and source.vector:
         raise ValueError(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
@@ -175,9 +183,20 @@ def plan_collection(
     splits = checks.splits_of(worker_splits, envs_per_worker, source)
     num_envs = len(env_fns) * source.envs
     worker_envs = envs_per_worker * source.envs
-    chunk_steps = checks.chunk_steps_of(
-        transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
-    )
+    if on_policy:
+        chunk_steps = checks.on_policy_steps(
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            num_envs=num_envs,
+            chunk=transition_chunk_size,
+            worker_envs=worker_envs,
+            source=source,
+            max_worker_restarts=max_worker_restarts,
+        )
+    else:
+        chunk_steps = checks.chunk_steps_of(
+            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
+        )
     batching = BatchingConfig(
         max_batch_size=num_envs if max_batch_size is None else max_batch_size,
         min_batch_size=min_batch_size,
@@ -198,16 +217,19 @@ def plan_collection(
         staged += (*(f.key for f in extra_fields), ("policy_version",))
         staging = Staging(keys=staged, columns=source.batch_size)
     slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
+    if on_policy:
+        slots = _ROUND_SLOTS
     num_workers = len(env_fns) // envs_per_worker
     checks.warn_of_thread_oversubscription(num_workers)
     layout = RingLayout(
-        fields=transition_fields(obs_fields, action_field, extra_fields),
+        fields=transition_fields(obs_fields, action_field, extra_fields, info_fields),
         num_workers=num_workers,
         envs_per_worker=worker_envs,
         chunk_steps=chunk_steps,
         slots=slots,
         groups=splits,
         staging=staging,
+        rounds=on_policy,
     )
     outputs = {f.key: f for f in (action_field, *extra_fields)}
     inference = InferenceConfig(
@@ -234,6 +256,8 @@ def plan_collection(
             observation_paths=paths,
             discrete_actions=isinstance(source.action_space, spaces.Discrete),
             groups=splits,
+            on_policy=on_policy,
+            info_keys=names,
         )
         for w in range(num_workers)
     )
@@ -256,4 +280,5 @@ def plan_collection(
         throttle=throttle,
         learning_starts=learning_starts,
         max_worker_restarts=max_worker_restarts,
+        on_policy=on_policy,
     )

@@ -16,7 +16,7 @@ import numpy as np
 from rlcollect.collector.source import Source
 from rlcollect.transports.layout import Field, Key, Path
 
-__all__ = ["Path", "WorkerSpec", "observation_key", "transition_fields"]
+__all__ = ["Path", "WorkerSpec", "info_key", "observation_key", "transition_fields"]
 
 
 def observation_key(path: Path, *, nxt: bool = False) -> Key:
@@ -24,13 +24,23 @@ def observation_key(path: Path, *, nxt: bool = False) -> Key:
     return (("next", "observation") if nxt else ("observation",)) + path
 
 
+def info_key(name: str) -> Key:
+    """Ring key of the ``info`` entry ``name`` carried with ``info_keys``."""
+    return ("next", "info", name)
+
+
 def transition_fields(
-    observations: tuple[Field, ...], action: Field, extras: tuple[Field, ...] = ()
+    observations: tuple[Field, ...],
+    action: Field,
+    extras: tuple[Field, ...] = (),
+    infos: tuple[Field, ...] = (),
 ) -> tuple[Field, ...]:
-    """Every ring field of a transition, given the observation leaves and policy outputs.
+    """Every ring field of a transition, given the observation leaves, policy outputs and
+    carried ``info`` entries.
 
     ``observations`` are keyed ``("observation", *path)``; their ``("next", ...)``
-    twins, the bookkeeping fields and the step results are added here.
+    twins, the bookkeeping fields, the step results and the episode's running return
+    and length are added here; ``infos`` are keyed ``("next", "info", name)``.
     """
     return (
         *observations,
@@ -44,6 +54,9 @@ def transition_fields(
         Field(("next", "reward"), (), np.dtype(np.float32)),
         Field(("next", "terminated"), (), np.dtype(np.bool_)),
         Field(("next", "truncated"), (), np.dtype(np.bool_)),
+        Field(("next", "episode_return"), (), np.dtype(np.float32)),
+        Field(("next", "episode_length"), (), np.dtype(np.int64)),
+        *infos,
     )
 
 
@@ -69,6 +82,8 @@ class WorkerSpec:
     discrete_actions: bool
     groups: int = 1
     first_episode: tuple[int, ...] | None = None
+    on_policy: bool = False
+    info_keys: tuple[str, ...] = ()
 
     @property
     def num_envs(self) -> int:
