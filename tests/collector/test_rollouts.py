@@ -84,7 +84,9 @@ def test_rollouts_are_env_rows_of_one_weights_version(combo, source):
     with make(combo, source, policy, steps=steps) as c:
         for k, batch in enumerate(c):
             assert batch.batch_size == (num_envs, steps)
-            assert torch.equal(batch["env_index"], torch.arange(num_envs)[:, None].expand(-1, steps))
+            assert torch.equal(
+                batch["env_index"], torch.arange(num_envs)[:, None].expand(-1, steps)
+            )
             # One weights version per batch: the one of the updates made before next().
             assert bool((batch["policy_version"] == k).all()), batch["policy_version"]
             assert bool((batch["tag"] == k).all()), f"batch {k} holds rows of older weights"

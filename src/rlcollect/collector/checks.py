@@ -147,8 +147,7 @@ def info_keys_of(info_keys: Any) -> tuple[str, ...]:
     """The checked ``info_keys``: distinct non-empty names."""
     if isinstance(info_keys, str) or not isinstance(info_keys, (Sequence, set, frozenset)):
         raise TypeError(
-            f"info_keys must be a sequence of info entry names, e.g. ('lives',); got "
-            f"{info_keys!r}"
+            f"info_keys must be a sequence of info entry names, e.g. ('lives',); got {info_keys!r}"
         )
     names = tuple(info_keys)
     for name in names:
@@ -197,8 +196,7 @@ def on_policy_steps(
         )
     if source.vector and (source.asynchronous or source.autoreset is AutoresetMode.NEXT_STEP):
         how = (
-            f"driven with send/recv (batch_size={source.batch_size} < {source.sub_envs} "
-            "sub-envs)"
+            f"driven with send/recv (batch_size={source.batch_size} < {source.sub_envs} sub-envs)"
             if source.asynchronous
             else "with the NextStep autoreset mode"
         )

@@ -150,6 +150,7 @@ class ChunkLoop:
             except WorkerError as error:
                 if restarts is None:
                     raise
+                assert isinstance(builder, BatchBuilder)  # on-policy refuses restarts
                 try:
                     restarts.restart(error, builder)
                 except ChannelClosed:  # shut down or aborted meanwhile

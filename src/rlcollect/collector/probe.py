@@ -39,7 +39,9 @@ def probe_source(env_fn: Callable[[], Any]) -> Source:
     return probe_env(env_fn, ())[0]
 
 
-def probe_env(env_fn: Callable[[], Any], info_keys: tuple[str, ...]) -> tuple[Source, tuple[Field, ...]]:
+def probe_env(
+    env_fn: Callable[[], Any], info_keys: tuple[str, ...]
+) -> tuple[Source, tuple[Field, ...]]:
     """Build env 0 once in the driver: what every factory must build, and the ring fields
     of the ``info_keys`` entries (none without ``info_keys``: the env is not stepped)."""
     try:
