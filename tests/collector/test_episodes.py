@@ -46,7 +46,10 @@ def test_running_return_and_length_on_every_row(transport, source):
     ended = data[done]
     # at a done row the figures are the finished episode's
     lengths = torch.tensor(
-        [episode_length(int(e), int(p)) for e, p in zip(ended["env_index"], ended["episode"], strict=True)]
+        [
+            episode_length(int(e), int(p))
+            for e, p in zip(ended["env_index"], ended["episode"], strict=True)
+        ]
     )
     assert torch.equal(ended[("next", "episode_length")], lengths)
 

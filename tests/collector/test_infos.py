@@ -38,7 +38,10 @@ def check_info(data):
     assert lives.dtype == torch.int64 and progress.dtype == torch.float64
     assert torch.equal(lives, 3 - reached % 3)
     lengths = torch.tensor(
-        [episode_length(int(e), int(p)) for e, p in zip(data["env_index"], data["episode"], strict=True)]
+        [
+            episode_length(int(e), int(p))
+            for e, p in zip(data["env_index"], data["episode"], strict=True)
+        ]
     )
     assert torch.allclose(progress, reached.double() / lengths)
 
