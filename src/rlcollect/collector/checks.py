@@ -20,7 +20,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from rlcollect.collector.source import Source
-from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
@@ -102,7 +102,7 @@ def policy_source(policy: Any, factory: Any, backend: Any, transport: Transport)
 
 def throttle_of(
     ratio: Any, learning_starts: Any, replay_buffer: Any
-) -> tuple[float, ReplayBuffer] | None:
+) -> tuple[float, CountsSamples] | None:
     """The checked ``(train_ratio, buffer)`` collection waits on, or None (unthrottled)."""
     if ratio is None:
         if learning_starts != 0:
@@ -115,10 +115,13 @@ def throttle_of(
     if not math.isfinite(ratio):
         raise ValueError(f"train_ratio must be finite, got {ratio!r}")
     check_int("learning_starts", learning_starts, minimum=0)
-    if not isinstance(replay_buffer, ReplayBuffer):
+    # The protocol, not the class: any buffer that counts its rows will do.
+    if not isinstance(replay_buffer, CountsSamples):
         raise TypeError(
-            "train_ratio needs replay_buffer= to be an rlcollect.ReplayBuffer, which counts "
-            f"the rows the learner samples; got {type(replay_buffer).__name__}"
+            "train_ratio needs replay_buffer= to be an rlcollect.ReplayBuffer, or another "
+            "buffer that counts the rows the learner samples (rlcollect.replay.CountsSamples; "
+            "wrap one with rlcollect.replay.CountingBuffer(buffer) and sample through the "
+            f"wrapper); got {type(replay_buffer).__name__}"
         )
     return float(ratio), replay_buffer
 

@@ -39,7 +39,7 @@ from rlcollect.collector.plan import plan_collection
 from rlcollect.errors import CollectorError
 from rlcollect.inference.backend import start_backend
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.counting import CountsSamples
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -91,7 +91,8 @@ class AsyncBatchedCollector:
         replay_buffer: anything with ``.extend(tensordict)``; every batch goes there,
             once, before it is yielded. Needed by :meth:`start`.
         train_ratio: rows the learner samples per row collected; collection waits for
-            the learner (needs an :class:`rlcollect.ReplayBuffer`).
+            the learner (needs an :class:`rlcollect.ReplayBuffer`, or any buffer that
+            counts its rows: :class:`rlcollect.replay.CountingBuffer`).
         learning_starts: rows collected before the ``train_ratio`` wait begins.
         seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
             is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
@@ -333,8 +334,11 @@ class AsyncBatchedCollector:
         self._background.raise_error()
         if not self._background.started:
             raise CollectorError("wait_to_sample() waits for background collection; call start()")
-        if not isinstance(self._replay_buffer, ReplayBuffer):
-            raise CollectorError("wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer")
+        if not isinstance(self._replay_buffer, CountsSamples):
+            raise CollectorError(
+                "wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer or a buffer "
+                "that counts its rows (rlcollect.replay.CountingBuffer)"
+            )
         return wait_to_sample(self._background, self._replay_buffer, self._chunks.throttle, timeout)
 
     @property

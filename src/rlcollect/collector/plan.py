@@ -43,7 +43,7 @@ from rlcollect.collector.worker import run_worker
 from rlcollect.inference.policy import PolicyRunner, output_fields
 from rlcollect.inference.process import InferenceConfig, WeightsLayout
 from rlcollect.inference.server import BatchingConfig
-from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.counting import CountsSamples
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport, WorkerProgram
 from rlcollect.transports.layout import RingLayout, Staging
@@ -76,7 +76,7 @@ class Plan:
     policy_source: Any
     policy_is_factory: bool
     replay_buffer: SupportsExtend | None
-    throttle: tuple[float, ReplayBuffer] | None  # (train_ratio, the buffer that counts)
+    throttle: tuple[float, CountsSamples] | None  # (train_ratio, the buffer that counts)
     learning_starts: int
     max_worker_restarts: int
     on_policy: bool = False
