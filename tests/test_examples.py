@@ -334,3 +334,12 @@ def test_ppo_cartpole(tmp_path):
         assert all(ret >= 8 for _, ret in run_["curve"])
     assert "rlcollect seed 1: mean return (last 100)" in out, out
     assert (tmp_path / "ppo_cartpole.png").stat().st_size > 0
+
+
+def test_staleness_benchmark(tmp_path):
+    out = run("benchmarks/staleness.py", "--batches", "4", "--envs", "2", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "staleness.json").read_text())
+    assert result["on_policy"]["stale_fraction"] == 0.0  # the envs wait for the learner
+    for mode in ("off_policy_rows", "on_policy", "background"):
+        assert result[mode]["rows"] > 0, mode
+        assert f"| {mode} |" in out
