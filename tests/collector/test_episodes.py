@@ -68,3 +68,25 @@ def test_episode_stats_before_any_episode_ends_and_over_the_last_100():
     )
     stats.record(batch)
     assert stats.stats() == {"count": 150, "return_mean": 99.5, "length_mean": 99.5}
+
+
+def test_running_figures_start_again_after_a_worker_restart(transport, tmp_path):
+    from envs import CrashOnce
+
+    from rlcollect.errors import WorkerRestartWarning
+
+    fns = [functools.partial(CountingEnv, i) for i in range(4)]
+    fns[3] = functools.partial(CrashOnce, 3, str(tmp_path / "crashed"), at=(1, 2))
+    with (
+        pytest.warns(WorkerRestartWarning),
+        AsyncBatchedCollector(
+            fns, CountingPolicy(), frames_per_batch=32, total_frames=640, transport=transport,
+            policy_device="cpu", envs_per_worker=2, max_worker_restarts=1,
+        ) as c,
+    ):  # fmt: skip
+        data = collect(c)
+        restarts = c.stats()["worker_restarts"]
+    assert restarts == 1
+    # The rebuilt envs start new episodes at step 0: their figures start from 0 too,
+    # and the interrupted episodes' last rows carry what they had reached.
+    check_episode_figures(data)
