@@ -255,8 +255,19 @@ def train(loop: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "steps_per_second": steps / seconds,
         "episodes": len(curve),
         "mean_return_last_100": float(np.mean(returns_only[-100:])) if curve else 0.0,
+        "steps_to_mean_475": steps_to_mean(curve, 475.0),
         "curve": curve,
     }
+
+
+def steps_to_mean(curve: list[tuple[int, float]], target: float, window: int = 100) -> int | None:
+    """The env step at which the mean return of the last ``window`` episodes first
+    reached ``target`` (None if it never did)."""
+    returns = [r for _, r in curve]
+    for i in range(window - 1, len(curve)):
+        if np.mean(returns[i - window + 1 : i + 1]) >= target:
+            return curve[i][0]
+    return None
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
@@ -306,6 +317,7 @@ def main() -> None:
             "wall_seconds_mean": float(
                 np.mean([r["wall_seconds"] for r in runs if r["loop"] == loop])
             ),
+            "steps_to_mean_475": [r["steps_to_mean_475"] for r in runs if r["loop"] == loop],
         }
         for loop in args.loop
     }
