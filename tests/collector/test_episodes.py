@@ -80,13 +80,21 @@ def test_running_figures_start_again_after_a_worker_restart(transport, tmp_path)
     with (
         pytest.warns(WorkerRestartWarning),
         AsyncBatchedCollector(
-            fns, CountingPolicy(), frames_per_batch=32, total_frames=640, transport=transport,
+            fns, CountingPolicy(), frames_per_batch=32, transport=transport,
             policy_device="cpu", envs_per_worker=2, max_worker_restarts=1,
         ) as c,
     ):  # fmt: skip
-        data = collect(c)
-        restarts = c.stats()["worker_restarts"]
-    assert restarts == 1
+        # Endless, until the restart happened and every env gave 20 rows after it: the
+        # other worker alone could meet a fixed budget before the crash (a busy machine).
+        batches, after = [], torch.zeros(4, dtype=torch.long)
+        for batch in c:
+            batches.append(batch)
+            if c.stats()["worker_restarts"]:
+                after += torch.bincount(batch["env_index"], minlength=4)
+                if bool((after >= 20).all()):
+                    break
+            assert len(batches) < 2000, "the worker was not restarted"
+        data = torch.cat(batches)
     # The rebuilt envs start new episodes at step 0: their figures start from 0 too,
     # and the interrupted episodes' last rows carry what they had reached.
     check_episode_figures(data)

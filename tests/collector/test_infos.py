@@ -90,8 +90,16 @@ def test_bad_info_keys_fail_at_construction(info_keys, error, message):
 )
 def test_an_entry_that_goes_missing_or_bad_later_is_a_worker_error(transport, env, message):
     fns = [*PLAIN[:2], functools.partial(env, 2), PLAIN[3]]
-    with pytest.raises(WorkerError, match=message) as info:
-        run(fns, transport, info_keys=("lives",))
+    with (
+        pytest.raises(WorkerError, match=message) as info,
+        AsyncBatchedCollector(
+            fns, CountingPolicy(), frames_per_batch=40, transport=transport,
+            policy_device="cpu", info_keys=("lives",),
+        ) as c,
+    ):  # fmt: skip
+        # Endless (a fixed budget could be met by the other workers first), but bounded.
+        for k, _ in enumerate(c):
+            assert k < 2000, "the bad info entry was never reported"
     assert info.value.env_index == 2
 
 
