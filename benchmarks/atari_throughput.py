@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, make_atari_vector, step_vector_env_randomly
@@ -491,9 +492,10 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=args.repeats * len(names), desc="series", unit="run")
     for rep in range(args.repeats):
         for name in names:
-            print(f"repeat {rep + 1}/{args.repeats}: {name}", flush=True)
+            bar.set_postfix_str(f"repeat {rep + 1}/{args.repeats}: {name}")
             w = split_of(name)
             if name.startswith("env_only"):
                 result = env_only(args, w)
@@ -505,9 +507,11 @@ def main() -> None:
                 transport = "process_slots" if "process_slots" in name else "thread"
                 result = collector(args, device, transport, w, one_worker=False)
             runs[name].append(result)
-            print(f"  {result['fps']:,.0f} frames/s", flush=True)
+            bar.update()
+            tqdm.write(f"repeat {rep + 1}/{args.repeats}: {name}: {result['fps']:,.0f} frames/s")
         # After every repeat: a run stopped short (a time limit) keeps what it measured.
         summary = write(out, config, runs, device, repeats_done=rep + 1)
+    bar.close()
     print()
     print(table(summary))
     drawn = plot(summary, config, out / "atari_throughput.png")

@@ -31,6 +31,7 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ENVS, machine
@@ -126,15 +127,14 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict[str, float]]]] = {
         env: {s: [] for s in series_names()} for env in args.envs
     }
-    for rep in range(args.repeats):
-        for env in args.envs:
-            print(f"repeat {rep + 1}/{args.repeats}, {env}", flush=True)
-            runs[env]["env_only"].append(measure_env_only(env, n, args.env_seconds))
-            for name, threads in HAND_LOOPS.items():
-                runs[env][name].append(measure_async_vector(env, n, threads))
-            for transport, chunk in COLLECTORS:
-                name = f"rlcollect[{transport}-chunk{chunk}]"
-                runs[env][name].append(measure_collector(env, n, transport, chunk))
+    rounds = [(rep, env) for rep in range(args.repeats) for env in args.envs]
+    for _, env in tqdm(rounds, desc="repeats x envs", unit="round"):
+        runs[env]["env_only"].append(measure_env_only(env, n, args.env_seconds))
+        for name, threads in HAND_LOOPS.items():
+            runs[env][name].append(measure_async_vector(env, n, threads))
+        for transport, chunk in COLLECTORS:
+            name = f"rlcollect[{transport}-chunk{chunk}]"
+            runs[env][name].append(measure_collector(env, n, transport, chunk))
 
     summary: dict[str, Any] = {}
     for env in args.envs:

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ENVS, machine
 from policies import policy_for
@@ -76,11 +78,10 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict[str, float]]]] = {
         env: {name: [] for name in names} for env in args.envs
     }
-    for rep in range(args.repeats):
-        for env in args.envs:
-            print(f"repeat {rep + 1}/{args.repeats}, {env}", flush=True)
-            for name, (k, g) in zip(names, layouts, strict=True):
-                runs[env][name].append(measure(env, n, k, g, args.device))
+    rounds = [(rep, env) for rep in range(args.repeats) for env in args.envs]
+    for _, env in tqdm(rounds, desc="repeats x envs", unit="round"):
+        for name, (k, g) in zip(names, layouts, strict=True):
+            runs[env][name].append(measure(env, n, k, g, args.device))
 
     summary: dict[str, Any] = {}
     for env in args.envs:

@@ -13,7 +13,6 @@ run, and the ratio.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import ale_py
@@ -21,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.envspeed import env_throughput
@@ -70,14 +70,6 @@ class SmallCNN(nn.Module):
         return {"action": action, "log_prob": log_prob}
 
 
-def progress(done: int, total: int, fps: float) -> None:
-    width = 30
-    filled = width * done // total
-    bar = "#" * filled + "-" * (width - filled)
-    sys.stdout.write(f"\r[{bar}] {done:>8}/{total} frames  {fps:8.0f} frames/s")
-    sys.stdout.flush()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=20_000)
@@ -102,17 +94,16 @@ def main() -> None:
         cuda_graph=cuda,
     ) as collector:
         start, frames = None, 0
-        for batch in collector:
-            if start is None:  # time from the first batch: process start-up excluded
-                start, cpu0, first = time.perf_counter(), time.process_time(), batch.numel()
-            frames += batch.numel()
-            elapsed = time.perf_counter() - start
-            progress(frames, args.frames, (frames - first) / elapsed if elapsed else 0.0)
+        with tqdm(total=args.frames, unit="frame", desc="collecting") as bar:
+            for batch in collector:
+                if start is None:  # time from the first batch: process start-up excluded
+                    start, cpu0, first = time.perf_counter(), time.process_time(), batch.numel()
+                frames += batch.numel()
+                bar.update(batch.numel())
         stats = collector.stats()
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     fps = (frames - first) / elapsed
-    print()
     print(f"collector:        {fps:10.0f} frames/s")
     print(f"mean batch size:  {stats['server']['mean_batch_size']:10.2f} envs per policy call")
     print(f"driver CPU:       {1e3 * cpu / (frames - first):10.3f} ms per frame")

@@ -228,3 +228,43 @@ def HangingFactory(marker):
         return CountingEnv(0)
     RELEASE_HANGS.wait(300)
     return CountingEnv(0)
+
+
+def with_info(env_id):
+    return CountingEnv(env_id, with_info=True)
+
+
+def info_vector(first, n, autoreset_mode="SameStep"):
+    """CountingEnvs with info in a gymnasium SyncVectorEnv (info as arrays and masks)."""
+    import functools
+
+    return gym.vector.SyncVectorEnv(
+        [functools.partial(CountingEnv, first + j, with_info=True) for j in range(n)],
+        autoreset_mode=autoreset_mode,
+    )
+
+
+class InfoDropsLives(CountingEnv):
+    """Returns info without 'lives' from its fourth step on."""
+
+    def __init__(self, env_id):
+        super().__init__(env_id, with_info=True)
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.t >= 4:
+            del info["lives"]
+        return obs, reward, term, trunc, info
+
+
+class InfoLivesTurnString(CountingEnv):
+    """Returns info['lives'] as a string from its fourth step on."""
+
+    def __init__(self, env_id):
+        super().__init__(env_id, with_info=True)
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.t >= 4:
+            info["lives"] = "three"
+        return obs, reward, term, trunc, info

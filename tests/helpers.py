@@ -286,3 +286,26 @@ def check_recurrent_streams(data: TensorDict, *, stored: bool = True) -> None:
         count, seen = state["count"], state["env"]
     assert torch.equal(count, step), "recurrent_state is not the state the action came from"
     assert torch.equal(seen, torch.where(step == 0, -1, env)), "a state came from another env"
+
+
+class TaggedPolicy(CountingPolicy):
+    """A CountingPolicy that also outputs its weight ``tag`` on every row: a row's ``tag``
+    says which weights computed its action, independently of ``policy_version``."""
+
+    def __init__(self, tag: float = 0.0) -> None:
+        super().__init__()
+        self.tag = torch.nn.Parameter(torch.tensor(float(tag)))
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().forward(obs)
+        out["tag"] = self.tag.expand(obs.shape[0])
+        return out
+
+
+def check_episode_figures(data: TensorDict) -> None:
+    """CountingEnv rows: the running return (reward step + 1) and length of each row."""
+    steps = data["step"]
+    length = steps + 1
+    assert torch.equal(data[("next", "episode_length")], length)
+    expected = (length * (length + 1) // 2).to(torch.float32)
+    assert torch.equal(data[("next", "episode_return")], expected)

@@ -354,3 +354,32 @@ def test_recurrent_step_benchmark(tmp_path):
     if device == "cuda":
         assert result["target"]["ratio"] > 0
     assert "| eager | 64 |" in out
+
+
+def test_ppo_cartpole(tmp_path):
+    # Both rollout loops, two rollouts each: the JSON, the curve, the timing in one run.
+    out = run(
+        "examples/ppo_cartpole.py",
+        *("--total-timesteps", "1024", "--num-steps", "128", "--loop", "rlcollect", "sync"),
+        *("--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "ppo_cartpole.json").read_text())
+    runs = {run["loop"]: run for run in result["runs"]}
+    assert set(runs) == {"rlcollect", "sync"}
+    for run_ in runs.values():
+        assert run_["env_steps"] == 1024 and run_["wall_seconds"] > 0
+        steps = [step for step, _ in run_["curve"]]
+        assert steps == sorted(steps) and all(0 < s <= 1024 for s in steps)
+        # CartPole pays 1 a step: an episode's return is its length, at least 8
+        assert all(ret >= 8 for _, ret in run_["curve"])
+    assert "rlcollect seed 1: mean return (last 100)" in out, out
+    assert (tmp_path / "ppo_cartpole.png").stat().st_size > 0
+
+
+def test_staleness_benchmark(tmp_path):
+    out = run("benchmarks/staleness.py", "--batches", "4", "--envs", "2", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "staleness.json").read_text())
+    assert result["on_policy"]["stale_fraction"] == 0.0  # the envs wait for the learner
+    for mode in ("off_policy_rows", "on_policy", "background"):
+        assert result[mode]["rows"] > 0, mode
+        assert f"| {mode} |" in out

@@ -31,6 +31,7 @@ PUBLIC_MODULES = (
     "rlcollect.replay",
     "rlcollect.testing",
     "rlcollect.envspeed",
+    "rlcollect.interop",
 )
 # Packages whose __init__ only re-exports: __all__ is every public name they hold.
 REEXPORTING = ("rlcollect.transports", "rlcollect.inference", "rlcollect.replay")
@@ -107,6 +108,7 @@ def test_home_modules_are_the_expected_ones():
         "rlcollect.inference.server",
         "rlcollect.inference.step",
         "rlcollect.replay.buffer",
+        "rlcollect.replay.counting",
         "rlcollect.replay.sink",
         "rlcollect.testing.conformance",
         "rlcollect.testing.envs",

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from benchmarks.suite.environment import ROOT, environment
 from benchmarks.suite.plans import Series
 from benchmarks.suite.stats import summarise
@@ -212,8 +214,10 @@ def run_series(
     path = out_dir / f"{series.name}.json"
     started = time.time()
     complete = True
+    bar = tqdm(total=repeats * len(configs), desc=series.name, unit="run")
     for rep in range(repeats):
         for name, config in configs.items():
+            bar.update()
             if len(runs[name]) > rep:
                 continue  # measured by the call this one resumes
             if deadline is not None and time.monotonic() > deadline:
@@ -223,10 +227,9 @@ def run_series(
             result = fresh(config, peers_path, timeout)
             runs[name].append(result)
             shown = result.get("error") or f"{result['frames_per_second']:,.0f} frames/s"
-            print(
+            tqdm.write(
                 f"[{series.name} {rep + 1}/{repeats}] {name}: {shown} "
-                f"({result['process_seconds']:.1f} s)",
-                flush=True,
+                f"({result['process_seconds']:.1f} s)"
             )
         document = {
             "suite": suite,
@@ -248,4 +251,5 @@ def run_series(
         path.write_text(json.dumps(document, indent=1) + "\n")
         if not complete:
             break
+    bar.close()
     return path

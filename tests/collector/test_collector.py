@@ -60,8 +60,12 @@ def test_batch_keys_shapes_and_dtypes(transport):
         ("next", "terminated"),
         ("next", "truncated"),
         ("next", "done"),
+        ("next", "episode_return"),  # DESIGN.md §1.1: every transition carries them
+        ("next", "episode_length"),
     }
     assert batch["observation"].shape == (32, 4) and batch["observation"].dtype == torch.int64
+    assert batch[("next", "episode_return")].dtype == torch.float32
+    assert batch[("next", "episode_length")].dtype == torch.int64
     assert batch["action"].dtype == torch.int64 and batch["action"].shape == (32,)
     assert batch[("next", "reward")].dtype == torch.float32
     for key in ("terminated", "truncated", "done"):

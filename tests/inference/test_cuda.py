@@ -353,3 +353,36 @@ def test_an_uncapturable_policy_fails_in_the_inference_process_with_a_clear_erro
 
     with pytest.raises(ValueError, match="the policy failed in the inference process"):
         make("process_slots", Syncs(), inference_backend="process", cuda_graph=True)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_on_policy_rollouts_with_graphs_use_one_version_per_batch(mode, backend):
+    # The round gate (collector/rollouts.py) with weights updated in place into captured
+    # graphs: every row of batch k carries the tag of the k-th update.
+    from helpers import TaggedPolicy
+
+    policy = TaggedPolicy(0)
+    with counting_collector(
+        "process_slots",
+        policy,
+        4,
+        policy_device="cuda",
+        frames_per_batch=4 * 8,
+        total_frames=4 * 8 * 5,
+        on_policy=True,
+        inference_backend=backend,
+        envs_per_worker=2,
+        worker_splits=2,
+        **MODES[mode],
+    ) as c:
+        batches = []
+        for k, batch in enumerate(c):
+            assert batch.batch_size == (4, 8)
+            assert bool((batch["policy_version"] == k).all())
+            assert bool((batch["tag"] == k).all())
+            batches.append(batch.reshape(-1))
+            with torch.no_grad():
+                policy.tag.fill_(k + 1)
+            c.update_policy_weights_(policy)
+    check_counting_streams(torch.cat(batches))

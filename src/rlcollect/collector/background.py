@@ -28,7 +28,7 @@ from typing import Any
 
 from rlcollect.errors import CollectorError
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.counting import CountsSamples
 
 __all__ = ["POLL", "Background", "Stopping", "Throttle", "wait_to_sample"]
 
@@ -125,6 +125,12 @@ class Background:
         self.raise_error()
         return True
 
+    def check_stopping(self) -> None:
+        """Raise Stopping once shut down (a point where a pause must not hold: inside an
+        on-policy round, which an update waits for)."""
+        if self.stopping.is_set():
+            raise Stopping
+
     def quiet_point(self) -> None:
         """Raise Stopping once shut down; in the background thread, hold here while a
         pause is requested."""
@@ -173,7 +179,7 @@ class Throttle:
     """Holds collection back until the learner has sampled ``ratio`` rows per row
     collected past ``learning_starts`` (``train_ratio``)."""
 
-    def __init__(self, ratio: float, buffer: ReplayBuffer, learning_starts: int) -> None:
+    def __init__(self, ratio: float, buffer: CountsSamples, learning_starts: int) -> None:
         self.ratio = ratio
         self.buffer = buffer
         self.learning_starts = learning_starts
@@ -210,7 +216,7 @@ class Throttle:
 
 
 def wait_to_sample(
-    background: Background, buffer: ReplayBuffer, throttle: Throttle | None, timeout: float | None
+    background: Background, buffer: CountsSamples, throttle: Throttle | None, timeout: float | None
 ) -> bool:
     """The learner's wait (``AsyncBatchedCollector.wait_to_sample``): True once it may
     sample; False when ``timeout`` passes first or collection has ended with nothing

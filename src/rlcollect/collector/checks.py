@@ -17,9 +17,10 @@ from typing import Any
 import cloudpickle
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
 
 from rlcollect.collector.source import Source
-from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
@@ -34,7 +35,9 @@ __all__ = [
     "chunk_steps_of",
     "compile_options_of",
     "device_of",
+    "info_keys_of",
     "make_transport",
+    "on_policy_steps",
     "policy_source",
     "splits_of",
     "throttle_of",
@@ -108,7 +111,7 @@ def policy_source(policy: Any, factory: Any, backend: Any, transport: Transport)
 
 def throttle_of(
     ratio: Any, learning_starts: Any, replay_buffer: Any
-) -> tuple[float, ReplayBuffer] | None:
+) -> tuple[float, CountsSamples] | None:
     """The checked ``(train_ratio, buffer)`` collection waits on, or None (unthrottled)."""
     if ratio is None:
         if learning_starts != 0:
@@ -121,10 +124,13 @@ def throttle_of(
     if not math.isfinite(ratio):
         raise ValueError(f"train_ratio must be finite, got {ratio!r}")
     check_int("learning_starts", learning_starts, minimum=0)
-    if not isinstance(replay_buffer, ReplayBuffer):
+    # The protocol, not the class: any buffer that counts its rows will do.
+    if not isinstance(replay_buffer, CountsSamples):
         raise TypeError(
-            "train_ratio needs replay_buffer= to be an rlcollect.ReplayBuffer, which counts "
-            f"the rows the learner samples; got {type(replay_buffer).__name__}"
+            "train_ratio needs replay_buffer= to be an rlcollect.ReplayBuffer, or another "
+            "buffer that counts the rows the learner samples (rlcollect.replay.CountsSamples; "
+            "wrap one with rlcollect.replay.CountingBuffer(buffer) and sample through the "
+            f"wrapper); got {type(replay_buffer).__name__}"
         )
     return float(ratio), replay_buffer
 
@@ -147,6 +153,73 @@ def chunk_steps_of(
             "same number of steps of every env of a worker"
         )
     return chunk // worker_envs
+
+
+def info_keys_of(info_keys: Any) -> tuple[str, ...]:
+    """The checked ``info_keys``: distinct non-empty names."""
+    if isinstance(info_keys, str) or not isinstance(info_keys, (Sequence, set, frozenset)):
+        raise TypeError(
+            f"info_keys must be a sequence of info entry names, e.g. ('lives',); got {info_keys!r}"
+        )
+    names = tuple(info_keys)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"info_keys must hold non-empty strings, got {name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"info_keys names an entry twice: {names!r}")
+    return names
+
+
+def on_policy_steps(
+    *,
+    frames_per_batch: int,
+    total_frames: int,
+    num_envs: int,
+    chunk: int | str,
+    worker_envs: int,
+    source: Source,
+    max_worker_restarts: int,
+) -> int:
+    """``T``, the steps of each env per on-policy batch, once the combination is checked."""
+    if frames_per_batch % num_envs:
+        raise ValueError(
+            f"on_policy=True: frames_per_batch={frames_per_batch} is not a multiple of the "
+            f"{num_envs} envs; each batch is [num_envs, T] with T = frames_per_batch // "
+            f"num_envs (e.g. frames_per_batch={num_envs * max(1, frames_per_batch // num_envs)})"
+        )
+    steps = frames_per_batch // num_envs
+    if total_frames != -1 and total_frames % frames_per_batch:
+        raise ValueError(
+            f"on_policy=True: total_frames={total_frames} is not a multiple of "
+            f"frames_per_batch={frames_per_batch}; every on-policy batch holds T={steps} steps "
+            "of every env, so the budget must be whole batches (or -1)"
+        )
+    if chunk != "auto" and chunk != steps * worker_envs:
+        raise ValueError(
+            f"on_policy=True: transition_chunk_size={chunk!r}, but a worker hands over one "
+            f"round of T={steps} steps of its {worker_envs} envs at a time: leave it at "
+            f'"auto" (or {steps * worker_envs})'
+        )
+    if max_worker_restarts:
+        raise ValueError(
+            f"on_policy=True with max_worker_restarts={max_worker_restarts}: a restarted "
+            "worker's envs would start new episodes in the middle of a round, leaving its "
+            "rows short of T steps; use max_worker_restarts=0"
+        )
+    if source.vector and (source.asynchronous or source.autoreset is AutoresetMode.NEXT_STEP):
+        how = (
+            f"driven with send/recv (batch_size={source.batch_size} < {source.sub_envs} sub-envs)"
+            if source.asynchronous
+            else "with the NextStep autoreset mode"
+        )
+        raise ValueError(
+            f"on_policy=True: env_fns build vector envs {how}. On-policy rounds need every "
+            "step to finish one transition of every sub-env, so that each gets T per round "
+            "without stepping past it: use a vector env stepped whole with "
+            "autoreset_mode=SameStep or Disabled (e.g. gymnasium.vector.SyncVectorEnv(..., "
+            "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP))"
+        )
+    return steps
 
 
 def splits_of(worker_splits: int | None, envs_per_worker: int, source: Source) -> int:

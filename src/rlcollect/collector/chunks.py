@@ -18,6 +18,14 @@ stall is raised at once.
 A worker's failure arrives from ``wait_chunks`` as a ``WorkerError`` after every chunk
 it handed over (the transport's contract); with ``max_worker_restarts`` it is handled
 here (``restarts.py``), otherwise raised.
+
+On-policy (``rollouts.py``) the builder is a :class:`~rlcollect.collector.rollouts.RolloutBuilder`
+and a :class:`~rlcollect.collector.rollouts.RoundGate` decides when slots go back: a
+batch's round starts when the batch is asked for, and the copied slots are held until
+the next one is. Inside a round only shutdown is checked, never a pause: an update
+waits for the round's end, and a pause held inside it would wait for that update.
+
+Every delivered batch's finished episodes are counted (``episodes.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +36,10 @@ from collections.abc import Callable
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import POLL, Background, Throttle
 from rlcollect.collector.batches import BatchBuilder
+from rlcollect.collector.episodes import EpisodeStats
 from rlcollect.collector.plan import Plan
 from rlcollect.collector.restarts import WorkerRestarts
+from rlcollect.collector.rollouts import RolloutBuilder, RoundGate
 from rlcollect.collector.stall import StallWatch
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
@@ -46,17 +56,20 @@ class ChunkLoop:
     def __init__(
         self,
         end: ServerEnd,
-        builder: BatchBuilder,
+        builder: BatchBuilder | RolloutBuilder,
         restarts: WorkerRestarts | None,
         server: InferenceBackend,
         background: Background,
         throttle: Throttle | None,
         replay_buffer: SupportsExtend | None,
+        gate: RoundGate | None = None,
         stalls: _Stalls | None = None,
     ) -> None:
         self._end = end
         self._stalls = stalls
         self._builder = builder
+        self.gate = gate
+        self.episodes = EpisodeStats()
         self.restarts = restarts
         self._server = server
         self._background = background
@@ -80,18 +93,28 @@ class ChunkLoop:
                 list(plan.specs),
                 num_envs=plan.num_envs,
             )
-        builder = BatchBuilder(
-            plan.layout,
-            end.buffers,
-            frames_per_batch=plan.frames_per_batch,
-            total_frames=plan.total_frames,
-        )
+        builder: BatchBuilder | RolloutBuilder
+        gate = None
+        if plan.on_policy:
+            builder = RolloutBuilder(
+                plan.layout, end.buffers, num_envs=plan.num_envs, total_frames=plan.total_frames
+            )
+            gate = RoundGate(end, server, plan.layout.num_workers)
+        else:
+            builder = BatchBuilder(
+                plan.layout,
+                end.buffers,
+                frames_per_batch=plan.frames_per_batch,
+                total_frames=plan.total_frames,
+            )
         throttle = None if plan.throttle is None else Throttle(*plan.throttle, plan.learning_starts)
         stalls = None
         if plan.stall_timeout is not None:
             watch = StallWatch(end.buffers[PROGRESS], plan.stall_timeout)
             stalls = _Stalls(watch, plan.transport, plan.stall_timeout, plan.source.envs)
-        return cls(end, builder, restarts, server, background, throttle, plan.replay_buffer, stalls)
+        return cls(
+            end, builder, restarts, server, background, throttle, plan.replay_buffer, gate, stalls
+        )
 
     @property
     def exhausted(self) -> bool:
@@ -109,9 +132,12 @@ class ChunkLoop:
             self.throttle.wait(self.frames, self._idle)
         quiet_point()
         if self._replay_buffer is not None:
-            self._replay_buffer.extend(batch)
-        self.frames += batch.batch_size[0]
+            # On-policy batches go in as rows, env by env ([num_envs * T]): every buffer
+            # takes rows, and each env's T steps stay contiguous (slice samplers).
+            self._replay_buffer.extend(batch if batch.ndim == 1 else batch.reshape(-1))
+        self.frames += batch.numel()
         self.batches += 1
+        self.episodes.record(batch)
         return batch
 
     def _idle(self) -> None:
@@ -119,10 +145,14 @@ class ChunkLoop:
         self._check_server()
 
     def _next_batch(self, quiet_point: Callable[[], None]) -> TensorDict | None:
-        builder, end, restarts = self._builder, self._end, self.restarts
+        builder, end, restarts, gate = self._builder, self._end, self.restarts, self.gate
         if self.exhausted:
             return None
         t0 = time.perf_counter()
+        if gate is not None:
+            quiet_point()
+            quiet_point = self._background.check_stopping  # inside the round
+            gate.open(self._in_round)
         while not builder.ready:
             quiet_point()
             if self._stalls is not None:
@@ -137,6 +167,7 @@ class ChunkLoop:
                     error = self._stalls.explain(error)
                 if restarts is None:
                     raise error from error.__cause__
+                assert isinstance(builder, BatchBuilder)  # on-policy refuses restarts
                 try:
                     restarts.restart(error, builder)
                 except ChannelClosed:  # shut down or aborted meanwhile
@@ -150,10 +181,19 @@ class ChunkLoop:
                         continue
                     slot = held
                 builder.add_chunk(worker, slot)
-                end.release(worker, slot)
+                if gate is not None:
+                    gate.hold(worker, slot)  # given back when the next batch is asked for
+                else:
+                    end.release(worker, slot)
             self._check_server()
+        if gate is not None:
+            gate.close()
         self.wait_seconds += time.perf_counter() - t0
         return builder.pop()
+
+    def _in_round(self) -> None:
+        self._background.check_stopping()
+        self._check_server()
 
     def _check_server(self) -> None:
         """Raise the inference backend's error, if it has one."""

@@ -41,7 +41,7 @@ from rlcollect.collector.plan import plan_collection
 from rlcollect.errors import CollectorError
 from rlcollect.inference.backend import start_backend
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.counting import CountsSamples
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -57,9 +57,12 @@ class AsyncBatchedCollector:
     ``frames_per_batch`` transitions (the last one holds what remains of
     ``total_frames``) with the keys ``observation``, ``action``, every other policy
     output, ``policy_version``, ``env_index``, ``episode``, ``step`` and
-    ``("next", "observation" | "reward" | "terminated" | "truncated" | "done")``.
-    Rows of one batch come from many envs; sort by ``(env_index, episode, step)`` to
-    read one env's stream. Every argument, in detail: ``docs/usage.md``.
+    ``("next", "observation" | "reward" | "terminated" | "truncated" | "done" |
+    "episode_return" | "episode_length")``. Rows of one batch come from many envs; sort
+    by ``(env_index, episode, step)`` to read one env's stream. With ``on_policy=True``
+    a batch is ``[num_envs, T]`` instead: row ``e`` is env ``e``'s next ``T`` steps, all
+    computed with the weights current when the batch was asked for. Every argument, in
+    detail: ``docs/usage.md``.
 
     Args:
         env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
@@ -92,7 +95,8 @@ class AsyncBatchedCollector:
         replay_buffer: anything with ``.extend(tensordict)``; every batch goes there,
             once, before it is yielded. Needed by :meth:`start`.
         train_ratio: rows the learner samples per row collected; collection waits for
-            the learner (needs an :class:`rlcollect.ReplayBuffer`).
+            the learner (needs an :class:`rlcollect.ReplayBuffer`, or any buffer that
+            counts its rows: :class:`rlcollect.replay.CountingBuffer`).
         learning_starts: rows collected before the ``train_ratio`` wait begins.
         seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
             is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
@@ -106,6 +110,12 @@ class AsyncBatchedCollector:
         store_recurrent_state: with a recurrent policy (one with ``initial_state()``),
             every transition carries ``recurrent_state``, the state its action was
             computed from; False leaves it out (large states). ``is_init`` is always there.
+        on_policy: batches of ``batch_size [num_envs, T]``, ``T = frames_per_batch //
+            num_envs``; every action of a batch is computed with the weights current
+            when it was asked for, and envs wait while the learner learns
+            (``docs/usage.md``, *On-policy rollouts*).
+        info_keys: names of numeric ``info`` entries to carry as
+            ``("next", "info", name)``; dtype and shape come from env 0.
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -162,8 +172,8 @@ class AsyncBatchedCollector:
         torch.Size([16]) weights version 3
         >>> sorted(batch.keys())
         ['action', 'env_index', 'episode', 'next', 'observation', 'policy_version', 'step']
-        >>> sorted(batch["next"].keys())
-        ['done', 'observation', 'reward', 'terminated', 'truncated']
+        >>> print(*sorted(batch["next"].keys()))
+        done episode_length episode_return observation reward terminated truncated
         >>> batch["observation"].dtype, batch["action"].dtype, batch["next", "done"].dtype
         (torch.float32, torch.int64, torch.bool)
 
@@ -196,6 +206,8 @@ class AsyncBatchedCollector:
         max_worker_restarts: int = 0,
         stall_timeout: float | None = 60.0,
         store_recurrent_state: bool = True,
+        on_policy: bool = False,
+        info_keys: Sequence[str] = (),
     ) -> None:
         self._closed = True  # until everything is up: shutdown() must work at any point
         self._transport: Transport | None = None
@@ -227,6 +239,8 @@ class AsyncBatchedCollector:
             max_worker_restarts=max_worker_restarts,
             stall_timeout=stall_timeout,
             store_recurrent_state=store_recurrent_state,
+            on_policy=on_policy,
+            info_keys=info_keys,
         )
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch
@@ -348,8 +362,11 @@ class AsyncBatchedCollector:
         self._background.raise_error()
         if not self._background.started:
             raise CollectorError("wait_to_sample() waits for background collection; call start()")
-        if not isinstance(self._replay_buffer, ReplayBuffer):
-            raise CollectorError("wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer")
+        if not isinstance(self._replay_buffer, CountsSamples):
+            raise CollectorError(
+                "wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer or a buffer "
+                "that counts its rows (rlcollect.replay.CountingBuffer)"
+            )
         return wait_to_sample(self._background, self._replay_buffer, self._chunks.throttle, timeout)
 
     @property
@@ -401,7 +418,18 @@ class AsyncBatchedCollector:
         if self._closed or self.server is None:
             raise CollectorError("the collector is shut down")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-        return self.server.update_weights(state)
+        gate = self._chunks.gate
+        if gate is None:
+            return self.server.update_weights(state)
+        # On-policy: an update from another thread while a round runs waits for its end,
+        # so that no batch mixes two versions (collector/rollouts.py).
+        with gate.between_rounds(self._check_alive):
+            return self.server.update_weights(state)
+
+    def _check_alive(self) -> None:
+        self._background.raise_error()
+        if self._closed:
+            raise CollectorError("the collector was shut down while an update waited")
 
     def stats(self) -> dict[str, Any]:
         """Frames, batches, throughput, driver CPU time per frame and server statistics
@@ -423,6 +451,7 @@ class AsyncBatchedCollector:
             "driver_cpu_ms_per_frame": 1e3 * cpu / frames if frames else 0.0,
             "consumer_wait_seconds": self._chunks.wait_seconds,
             "policy_version": self.policy_version,
+            "episodes": self._chunks.episodes.stats(),
         }
         if self._chunks.throttle is not None:
             out.update(self._chunks.throttle.stats(frames))

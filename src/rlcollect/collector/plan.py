@@ -32,9 +32,9 @@ from rlcollect.collector import checks
 from rlcollect.collector.probe import (
     build_policy,
     observation_fields,
+    probe_env,
     probe_policy,
     probe_runner,
-    probe_source,
     served_policy,
 )
 from rlcollect.collector.restarts import RESTART_SLOTS
@@ -45,7 +45,7 @@ from rlcollect.inference.policy import output_fields
 from rlcollect.inference.process import InferenceConfig, WeightsLayout
 from rlcollect.inference.recurrent import state_fields
 from rlcollect.inference.server import BatchingConfig
-from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.counting import CountsSamples
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport, WorkerProgram
 from rlcollect.transports.layout import RingLayout, Staging
@@ -53,6 +53,8 @@ from rlcollect.transports.layout import RingLayout, Staging
 __all__ = ["Plan", "plan_collection"]
 
 _SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
+_ROUND_SLOTS = 1  # on-policy: a worker's one round, which the driver gives back to start
+# the next (collector/rollouts.py)
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,11 @@ class Plan:
     policy_source: Any
     policy_is_factory: bool
     replay_buffer: SupportsExtend | None
-    throttle: tuple[float, ReplayBuffer] | None  # (train_ratio, the buffer that counts)
+    throttle: tuple[float, CountsSamples] | None  # (train_ratio, the buffer that counts)
     learning_starts: int
     max_worker_restarts: int
     stall_timeout: float | None
+    on_policy: bool = False
 
     @property
     def worker_envs(self) -> int:
@@ -121,6 +124,8 @@ def plan_collection(
     max_worker_restarts: int,
     stall_timeout: float | None,
     store_recurrent_state: bool = True,
+    on_policy: bool = False,
+    info_keys: Sequence[str] = (),
 ) -> Plan:
     """Check the collector's arguments, probe env 0 and the policy, and lay out the run
     (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
@@ -169,6 +174,9 @@ def plan_collection(
         raise ValueError(
             f"store_recurrent_state must be True or False, got {store_recurrent_state!r}"
         )
+    if not isinstance(on_policy, bool):
+        raise ValueError(f"on_policy must be True or False, got {on_policy!r}")
+    names = checks.info_keys_of(info_keys)
     if max_worker_restarts and not transport_obj.supports_restart:
         raise ValueError(
             f"max_worker_restarts={max_worker_restarts}, but the transport "
@@ -176,7 +184,7 @@ def plan_collection(
             "is False)"
         )
 
-    source = probe_source(env_fns[0], stall_timeout)
+    source, info_fields = probe_env(env_fns[0], names, stall_timeout)
     if max_worker_restarts and source.vector:
         raise ValueError(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
@@ -185,9 +193,20 @@ def plan_collection(
     splits = checks.splits_of(worker_splits, envs_per_worker, source)
     num_envs = len(env_fns) * source.envs
     worker_envs = envs_per_worker * source.envs
-    chunk_steps = checks.chunk_steps_of(
-        transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
-    )
+    if on_policy:
+        chunk_steps = checks.on_policy_steps(
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            num_envs=num_envs,
+            chunk=transition_chunk_size,
+            worker_envs=worker_envs,
+            source=source,
+            max_worker_restarts=max_worker_restarts,
+        )
+    else:
+        chunk_steps = checks.chunk_steps_of(
+            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
+        )
     batching = BatchingConfig(
         max_batch_size=num_envs if max_batch_size is None else max_batch_size,
         min_batch_size=min_batch_size,
@@ -218,16 +237,21 @@ def plan_collection(
             staged += (IS_INIT.key,)
         staging = Staging(keys=staged, columns=source.batch_size)
     slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
+    if on_policy:
+        slots = _ROUND_SLOTS
     num_workers = len(env_fns) // envs_per_worker
     checks.warn_of_thread_oversubscription(num_workers)
     layout = RingLayout(
-        fields=transition_fields(obs_fields, action_field, extra_fields, recurrent=recurrent),
+        fields=transition_fields(
+            obs_fields, action_field, extra_fields, info_fields, recurrent=recurrent
+        ),
         num_workers=num_workers,
         envs_per_worker=worker_envs,
         chunk_steps=chunk_steps,
         slots=slots,
         groups=splits,
         staging=staging,
+        rounds=on_policy,
     )
     outputs = {f.key: f for f in (action_field, *extra_fields)}
     inference = InferenceConfig(
@@ -258,6 +282,8 @@ def plan_collection(
             observation_paths=paths,
             discrete_actions=isinstance(source.action_space, spaces.Discrete),
             groups=splits,
+            on_policy=on_policy,
+            info_keys=names,
         )
         for w in range(num_workers)
     )
@@ -281,4 +307,5 @@ def plan_collection(
         learning_starts=learning_starts,
         max_worker_restarts=max_worker_restarts,
         stall_timeout=stall_timeout,
+        on_policy=on_policy,
     )

@@ -3,7 +3,9 @@ outputs.
 
 It builds env 0 once in the driver (``source.py`` says what it finds there), serves a
 copy of the policy on its device and runs it once on two sampled observations; the ring
-is then laid out from both.
+is then laid out from both. With ``info_keys`` env 0 is also reset and stepped once
+(a sampled action), and each entry's dtype and per-env shape are read from that step's
+``info``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from rlcollect.collector.infos import NUMERIC_KINDS
 from rlcollect.collector.source import Source, describe
-from rlcollect.collector.spec import observation_key
+from rlcollect.collector.spec import info_key, observation_key
 from rlcollect.errors import WorkerError
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Path
@@ -26,6 +29,7 @@ from rlcollect.transports.layout import Field, Path
 __all__ = [
     "build_policy",
     "observation_fields",
+    "probe_env",
     "probe_policy",
     "probe_runner",
     "probe_source",
@@ -34,7 +38,15 @@ __all__ = [
 
 
 def probe_source(env_fn: Callable[[], Any], timeout: float | None = None) -> Source:
-    """Build env 0 once in the driver to learn what every factory must build.
+    """Build env 0 once in the driver to learn what every factory must build."""
+    return probe_env(env_fn, (), timeout)[0]
+
+
+def probe_env(
+    env_fn: Callable[[], Any], info_keys: tuple[str, ...], timeout: float | None = None
+) -> tuple[Source, tuple[Field, ...]]:
+    """Build env 0 once in the driver: what every factory must build, and the ring fields
+    of the ``info_keys`` entries (none without ``info_keys``: the env is not stepped).
 
     With a ``timeout`` (the collector's ``stall_timeout``) the factory runs in a thread
     of its own, so that one that never returns is a ``WorkerError`` after that long
@@ -48,7 +60,8 @@ def probe_source(env_fn: Callable[[], Any], timeout: float | None = None) -> Sou
     except Exception as exc:
         raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
     try:
-        return describe(env, "env_fns[0]")
+        source = describe(env, "env_fns[0]")
+        return source, _info_fields(env, source, info_keys) if info_keys else ()
     finally:
         close = getattr(env, "close", None)
         if callable(close):
@@ -79,6 +92,37 @@ def _within(env_fn: Callable[[], Any], timeout: float) -> Any:
     if failure:
         raise failure[0]
     return result[0]
+
+
+def _info_fields(env: Any, source: Source, names: tuple[str, ...]) -> tuple[Field, ...]:
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        *_, info = env.step(env.action_space.sample())
+    except Exception as exc:
+        raise ValueError(
+            f"env 0 raised while probing its info for info_keys={names!r} (one reset and one "
+            f"step with a sampled action): {type(exc).__name__}: {exc}"
+        ) from exc
+    fields = []
+    for name in names:
+        has = sorted(map(str, info)) if isinstance(info, dict) else repr(info)
+        if not isinstance(info, dict) or name not in info:
+            raise ValueError(
+                f"info_keys names {name!r}, but env 0's info after a step has no such entry "
+                f"(it holds {has})"
+            )
+        value = np.asarray(info[name])
+        if source.vector:
+            value = value[0]  # one row per sub-env
+        if value.dtype.kind not in NUMERIC_KINDS:
+            raise ValueError(
+                f"info_keys names {name!r}, but env 0's info[{name!r}] is {info[name]!r} "
+                f"({value.dtype}): only numbers (bools, integers, floats, arrays of them) "
+                "are carried"
+            )
+        fields.append(Field(info_key(name), tuple(value.shape), value.dtype))
+    return tuple(fields)
 
 
 def observation_fields(space: Any) -> tuple[tuple[Path, ...], tuple[Field, ...]]:

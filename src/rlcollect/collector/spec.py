@@ -16,7 +16,7 @@ import numpy as np
 from rlcollect.collector.source import Source
 from rlcollect.transports.layout import Field, Key, Path
 
-__all__ = ["IS_INIT", "Path", "WorkerSpec", "observation_key", "transition_fields"]
+__all__ = ["IS_INIT", "Path", "WorkerSpec", "info_key", "observation_key", "transition_fields"]
 
 
 def observation_key(path: Path, *, nxt: bool = False) -> Key:
@@ -28,18 +28,26 @@ def observation_key(path: Path, *, nxt: bool = False) -> Key:
 IS_INIT = Field(("is_init",), (), np.dtype(np.bool_))
 
 
+def info_key(name: str) -> Key:
+    """Ring key of the ``info`` entry ``name`` carried with ``info_keys``."""
+    return ("next", "info", name)
+
+
 def transition_fields(
     observations: tuple[Field, ...],
     action: Field,
     extras: tuple[Field, ...] = (),
+    infos: tuple[Field, ...] = (),
     *,
     recurrent: bool = False,
 ) -> tuple[Field, ...]:
-    """Every ring field of a transition, given the observation leaves and policy outputs.
+    """Every ring field of a transition, given the observation leaves, policy outputs and
+    carried ``info`` entries.
 
     ``observations`` are keyed ``("observation", *path)``; their ``("next", ...)``
-    twins, the bookkeeping fields and the step results are added here, and ``is_init``
-    for a ``recurrent`` policy (the server reads it to reset an env's state).
+    twins, the bookkeeping fields, the step results and the episode's running return
+    and length are added here; ``infos`` are keyed ``("next", "info", name)``, and
+    ``is_init`` for a ``recurrent`` policy (the server reads it to reset an env's state).
     """
     return (
         *observations,
@@ -53,6 +61,9 @@ def transition_fields(
         Field(("next", "reward"), (), np.dtype(np.float32)),
         Field(("next", "terminated"), (), np.dtype(np.bool_)),
         Field(("next", "truncated"), (), np.dtype(np.bool_)),
+        Field(("next", "episode_return"), (), np.dtype(np.float32)),
+        Field(("next", "episode_length"), (), np.dtype(np.int64)),
+        *infos,
         *((IS_INIT,) if recurrent else ()),
     )
 
@@ -79,6 +90,8 @@ class WorkerSpec:
     discrete_actions: bool
     groups: int = 1
     first_episode: tuple[int, ...] | None = None
+    on_policy: bool = False
+    info_keys: tuple[str, ...] = ()
 
     @property
     def num_envs(self) -> int:

@@ -44,6 +44,18 @@ Autoreset, by the vector env's mode:
 ``Disabled`` (stepped whole only)
     The worker resets finished sub-envs itself, with ``reset(options={"reset_mask":
     ...})``, before their next request.
+
+Each transition also carries its episode's running return and length and the
+``info_keys`` entries (``infos.py``: masks, and ``final_info`` under ``SameStep``).
+
+On-policy (``spec.on_policy``, ``collector/rollouts.py``), allowed for vector envs
+stepped whole with ``SameStep`` or ``Disabled`` autoreset (every step then finishes one
+transition of every sub-env, so a round of ``chunk_steps`` steps fills the one slot
+with ``chunk_steps`` transitions of each): the result that finishes a vector env's
+last step of a round stages the next observations but holds their request back; once
+the last vector env's transitions fill the slot, the worker hands it over and waits
+for the consumer's go-ahead (``_Rows.written``), and only then sends the held requests,
+in group order. The first requests also wait for the first round's go-ahead.
 """
 
 from __future__ import annotations
@@ -54,7 +66,8 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, observation_key
+from rlcollect.collector.infos import NUMERIC_KINDS, vector_entry
+from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, info_key, observation_key
 from rlcollect.collector.stall import Progress, Stage
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
@@ -250,9 +263,19 @@ class _VectorLoop:
         self.in_flight = np.zeros(k, bool)  # asked to step or reset, result not yet back
         self.cell = np.arange(k)  # each env's staging cell in use: env e's are e and e + k
         self.offset = spec.env_offset
+        self.returns = np.zeros(k, np.float64)  # each env's episode rewards so far
+        self.info_names = spec.info_keys
+        # On-policy: steps each vector env has finished in this round, and the groups
+        # whose request for the next round waits for the go-ahead.
+        self.on_policy = spec.on_policy
+        self.round_steps = spec.chunk_steps
+        self.stepped = [0] * len(self.drivers)
+        self.held: list[int] = []
 
     def run(self) -> None:
         self.end.wait_slot()
+        if self.on_policy:
+            self.end.wait_slot()  # the first round's go-ahead
         for g, driver in enumerate(self.drivers):
             self.in_flight[driver.base : driver.base + driver.n] = True
             self.receive(g, driver.reset())
@@ -298,11 +321,24 @@ class _VectorLoop:
         if self.is_init is not None:
             self.is_init[new_cells] = self._starts(driver, cols, done)
         self.request_index[g] = new_cells
-        self.end.request(g)
+        round_ends = False
+        if self.on_policy and finishing.size:
+            self.stepped[g] += 1
+            round_ends = self.stepped[g] == self.round_steps
+        if round_ends:
+            self.stepped[g] = 0
+            self.held.append(g)  # the next round's request waits for the go-ahead
+        else:
+            self.end.request(g)
         if finishing.size:
             self.finish(
                 driver, fin_cols, old_cells[finishing], finishing, leaves, reward, term, trunc, info
             )
+        if len(self.held) == len(self.drivers):
+            # The slot was full, handed over, and the go-ahead taken (_Rows.written).
+            for held in self.held:
+                self.end.request(held)
+            self.held.clear()
         self.cell[cols] = new_cells
         # Bookkeeping for the new observations.
         self.step[fin_cols] += 1
@@ -407,12 +443,71 @@ class _VectorLoop:
             chunk[("next", "reward")][dst] = reward[r]
             chunk[("next", "terminated")][dst] = term[r]
             chunk[("next", "truncated")][dst] = trunc[r]
+            self.returns[c] += reward[r]
+            chunk[("next", "episode_return")][dst] = self.returns[c]
+            chunk[("next", "episode_length")][dst] = self.step[c] + 1
+            self.returns[c[term[r] | trunc[r]]] = 0.0
+            if self.info_names:
+                self._write_infos(driver, dst, c, r, term[r] | trunc[r], info)
             if final_obs is not None:
                 local = done_at[(done_at >= taken) & (done_at < taken + count)]
                 for i in local:
                     self._write_final(driver, start + i - taken, final_obs[r[i - taken]])
             taken += count
             self.rows.written(count)
+
+    def _write_infos(
+        self,
+        driver: _VectorEnvDriver,
+        dst: slice,
+        cols: np.ndarray,
+        rows: np.ndarray,
+        done: np.ndarray,
+        info: dict[str, Any],
+    ) -> None:
+        """Write the ``info_keys`` entries of result rows ``rows`` (envs ``cols``)."""
+        final = None
+        if driver.mode is AutoresetMode.SAME_STEP and done.any():
+            final = info.get("final_info") if isinstance(info, dict) else None
+        for name in self.info_names:
+            value, mask = vector_entry(info, name)
+            have = np.zeros(len(rows), bool)
+            values: np.ndarray | None = None
+            if value is not None:
+                values = value[rows]
+                have[:] = True if mask is None else mask[rows]
+            if final is not None:
+                # SameStep: a finished sub-env's row holds the reset's info; its last
+                # step's own entry is in final_info.
+                f_value, f_mask = vector_entry(final, name)
+                have[done] = False
+                if f_value is not None:
+                    f_have = np.ones(len(rows), bool) if f_mask is None else f_mask[rows]
+                    have[done] = f_have[done]
+                    if values is None:
+                        values = f_value[rows].copy()
+                    else:
+                        values = values.copy()
+                        values[done] = f_value[rows][done]
+            if values is None or not have.all():
+                env = int(self.offset + cols[np.flatnonzero(~have)[0]])
+                raise EnvError(env, "the info check") from KeyError(
+                    f"env {env} (a sub-env of the vector env of envs {driver.first}-"
+                    f"{driver.first + driver.n - 1}) returned an info without {name!r}, "
+                    "which info_keys asks for"
+                )
+            out = self.chunk[info_key(name)][dst]
+            if values.dtype.kind not in NUMERIC_KINDS or values.shape[1:] != out.shape[1:]:
+                env = int(self.offset + cols[0])
+                raise EnvError(env, "the info check") from TypeError(
+                    f"env {env} returned info[{name!r}] of dtype {values.dtype} and shape "
+                    f"{values.shape[1:]} per sub-env; info_keys carries numbers of the dtype "
+                    f"and shape env 0 gave at its probe: {out.dtype}, {out.shape[1:]}"
+                )
+            try:
+                np.copyto(out, values, casting="same_kind")
+            except TypeError as exc:
+                raise EnvError(int(self.offset + cols[0]), "the info check") from exc
 
     def _write_final(self, driver: _VectorEnvDriver, row: int, final: Any) -> None:
         for path, key in zip(self.paths, self.next_keys, strict=True):

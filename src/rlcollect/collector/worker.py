@@ -23,6 +23,18 @@ the server answers them in the order they were made, so waiting for "the next
 response" is waiting for group g's. A chunk is complete once the last group has
 stepped its last position; the first group enters the next slot before that, which is
 why double buffering needs two slots.
+
+Every transition also carries the episode's running return and length (this step
+included), and the ``info`` entries named by ``info_keys`` (``infos.py``).
+
+On-policy (``spec.on_policy``, ``collector/rollouts.py``): one slot of ``chunk_steps``
+steps is one round, and a round starts only on the consumer's go-ahead (a credit,
+taken with ``wait_slot``), which it gives when the next batch is asked for. So at a
+round's last position the boundary is reordered: every group steps first, then the
+worker hands the round over, waits for the go-ahead, and only then writes (and
+requests) the next round's first observations. No request of the next round, and so
+no action, comes before the weights that round must use. The worker also waits for
+the go-ahead of the first round before its first request.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from rlcollect.collector.infos import InfoWriter
 from rlcollect.collector.source import Source, describe
 from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, observation_key
 from rlcollect.collector.stall import Progress, Stage
@@ -146,12 +159,16 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
     step_field = buf[("step",)]
     # Only with a recurrent policy: the server resets an env's state where it is set.
     is_init_field = buf.get(IS_INIT.key)
+    return_field = buf[("next", "episode_return")]
+    length_field = buf[("next", "episode_length")]
+    infos = InfoWriter(buf, spec.info_keys)
 
     env_ids = spec.env_offset + np.arange(k, dtype=np.int64)
     episode = np.zeros(k, dtype=np.int64)
     if spec.first_episode is not None:
         episode[:] = spec.first_episode
     step = np.zeros(k, dtype=np.int64)
+    returns = np.zeros(k, dtype=np.float64)  # the episode's rewards so far, per env
     current: list[Any] = []
     for j, env in enumerate(envs):
         seed = None if spec.seed is None else spec.seed + int(env_ids[j])
@@ -182,6 +199,8 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
     enter, leave, STEP, RESET = progress.enter, progress.leave, Stage.STEP, Stage.RESET
     p = 0
     end.wait_slot()
+    if spec.on_policy:
+        end.wait_slot()  # the first round's go-ahead: weights set before it are used
     for g in range(groups):
         emit(p, g)
     while True:
@@ -196,7 +215,7 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                 # try/except, not a context manager: this runs once per env step.
                 try:
                     enter(STEP, int(env_ids[j]))
-                    obs, r, term, trunc, _ = env.step(a)
+                    obs, r, term, trunc, info = env.step(a)
                     leave()
                 except Exception as exc:
                     raise EnvError(int(env_ids[j]), "step") from exc
@@ -209,12 +228,16 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                         raise TypeError("a flag is not a bool")
                     terminated[p, j] = term
                     truncated[p, j] = trunc
+                    returns[j] += reward[p, j]
                 except (TypeError, ValueError) as exc:
                     raise EnvError(int(env_ids[j]), "the step results check") from TypeError(
                         f"env {int(env_ids[j])} returned reward={r!r}, terminated={term!r}, "
                         f"truncated={trunc!r}: a reward must be a real number and the flags "
                         f"bools ({exc})"
                     )
+                return_field[p, j] = returns[j]
+                length_field[p, j] = step[j] + 1
+                infos.write(p, j, info, int(env_ids[j]))
                 if term or trunc:
                     try:
                         enter(RESET, int(env_ids[j]))
@@ -224,13 +247,23 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                         raise EnvError(int(env_ids[j]), "reset") from exc
                     episode[j] += 1
                     step[j] = 0
+                    returns[j] = 0.0
                 else:
                     step[j] += 1
                 current[j] = obs
-            if new_slot:
+            if not new_slot:
+                emit(nxt, g)
+            elif not spec.on_policy:
                 if g == groups - 1:
                     end.hand_over(p // steps)
                 if g == 0:
                     end.wait_slot()
-            emit(nxt, g)
+                emit(nxt, g)
+        if new_slot and spec.on_policy:
+            # The round's end: every group has stepped; the next round's requests wait
+            # for the consumer's go-ahead (its weights are set by then).
+            end.hand_over(p // steps)
+            end.wait_slot()
+            for g in range(groups):
+                emit(nxt, g)
         p = nxt

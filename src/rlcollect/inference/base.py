@@ -54,6 +54,13 @@ class InferenceBackend(ABC):
         A recurrent policy's per-env states are kept across the update.
         """
 
+    def wait_applied(self, version: int, timeout: float) -> bool:
+        """Block until weights ``version`` serve the next batch, or ``timeout`` seconds
+        pass (False), or the server fails (True: check :attr:`error`). A backend whose
+        :meth:`update_weights` applies the weights before it returns (the thread
+        backend) is always there."""
+        return True
+
     @abstractmethod
     def pause(self, timeout: float) -> None:
         """Return once the server holds between two batches; raises InferenceError if it

@@ -7,8 +7,8 @@ row. :func:`check_transport` runs the transport conformance suite against any
 check if one fails). The submodules:
 
 * ``envs``: :class:`CountingEnv`, :class:`CountingVectorEnv`, :func:`episode_length`,
-  :func:`counting_actions` and the columns of an observation (``ENV_ID``, ``EPISODE``,
-  ``STEP``, ``LAST_ACTION``).
+  :func:`counting_actions`, :func:`counting_info` and the columns of an observation
+  (``ENV_ID``, ``EPISODE``, ``STEP``, ``LAST_ACTION``).
 * ``programs``: :func:`counting_layout` and :func:`counting_programs`, a ring and the
   worker programs of CountingEnv workers.
 * ``conformance``: :func:`check_transport` and :data:`CHECKS`; the checks themselves
@@ -31,6 +31,7 @@ from rlcollect.testing.envs import (
     CountingEnv,
     CountingVectorEnv,
     counting_actions,
+    counting_info,
     episode_length,
 )
 from rlcollect.testing.programs import counting_layout, counting_programs
@@ -41,6 +42,7 @@ __all__ = [
     "CountingVectorEnv",
     "check_transport",
     "counting_actions",
+    "counting_info",
     "counting_layout",
     "counting_programs",
     "episode_length",

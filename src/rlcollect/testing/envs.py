@@ -19,7 +19,13 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-__all__ = ["CountingEnv", "CountingVectorEnv", "counting_actions", "episode_length"]
+__all__ = [
+    "CountingEnv",
+    "CountingVectorEnv",
+    "counting_actions",
+    "counting_info",
+    "episode_length",
+]
 
 #: Columns of a CountingEnv observation.
 ENV_ID, EPISODE, STEP, LAST_ACTION = 0, 1, 2, 3
@@ -41,6 +47,31 @@ def episode_length(env_id: int, episode: int) -> int:
         [3, 6, 9, 5]
     """
     return 3 + (env_id * 5 + episode * 3) % 7
+
+
+def counting_info(env_id: int, episode: int, step: int) -> dict[str, Any]:
+    """A CountingEnv's ``info`` after the step that reached ``step`` (``with_info=True``):
+    ``lives`` (int, 3 down to 1, then again), ``progress`` (float, the share of the
+    episode done) and ``name`` (a string, never a number).
+
+    Args:
+        env_id: the CountingEnv's id.
+        episode: its episode.
+        step: the step reached (the observation's step after it).
+
+    Returns:
+        The info dict.
+
+    Examples:
+        >>> from rlcollect.testing import counting_info
+        >>> counting_info(0, 0, 3)  # episode 0 of env 0 lasts 3 steps
+        {'lives': 3, 'progress': 1.0, 'name': 'counting'}
+    """
+    return {
+        "lives": 3 - step % 3,
+        "progress": step / episode_length(env_id, episode),
+        "name": "counting",
+    }
 
 
 def counting_actions(obs: np.ndarray, num_actions: int = 5) -> np.ndarray:
@@ -72,15 +103,18 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):  # type: ignore[misc]
     """Observation ``[env_id, episode, step, last_action]`` (int64); Discrete actions.
 
     Episode ``e`` of env ``i`` lasts :func:`episode_length` steps and ends terminated
-    when ``e`` is even, truncated when odd. The reward of a step is ``step + 1``.
+    when ``e`` is even, truncated when odd. The reward of a step is ``step + 1``, so the
+    return of an episode after ``s`` steps is ``s * (s + 1) / 2``.
     ``fail_at`` ``(episode, step)`` makes ``step`` raise there; ``fail_in_reset`` makes
-    the reset that would start that episode raise instead.
+    the reset that would start that episode raise instead. ``with_info`` fills each
+    step's ``info`` from the step reached (:func:`counting_info`).
 
     Args:
         env_id: the id written into every observation.
         num_actions: size of the Discrete action space.
         fail_at: ``(episode, step)`` at which to raise ``RuntimeError``, or None.
         fail_in_reset: raise in the reset that starts episode ``fail_at[0]`` instead.
+        with_info: return :func:`counting_info` of each step as its ``info``.
 
     Raises:
         ValueError: ``step`` got an action outside the action space.
@@ -106,8 +140,10 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):  # type: ignore[misc]
         num_actions: int = 5,
         fail_at: tuple[int, int] | None = None,
         fail_in_reset: bool = False,
+        with_info: bool = False,
     ) -> None:
         self.env_id = env_id
+        self.with_info = with_info
         self.observation_space = gym.spaces.Box(0, 1 << 40, shape=(4,), dtype=np.int64)
         self.action_space = gym.spaces.Discrete(num_actions)
         self._fail_at = fail_at
@@ -141,7 +177,8 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):  # type: ignore[misc]
         end = self.t >= episode_length(self.env_id, self.episode)
         terminated = end and self.episode % 2 == 0
         truncated = end and self.episode % 2 == 1
-        return self._obs(), reward, terminated, truncated, {}
+        info = counting_info(self.env_id, self.episode, self.t) if self.with_info else {}
+        return self._obs(), reward, terminated, truncated, info
 
 
 class CountingVectorEnv(VectorEnv):  # type: ignore[misc]

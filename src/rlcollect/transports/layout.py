@@ -151,11 +151,14 @@ class RingLayout:
         slots: chunk slots per worker.
         groups: requests a worker may hold at once.
         staging: staged requests (vector envs), or None for in-place requests.
+        rounds: workers run in on-policy rounds (``on_policy=True``): every group steps
+            a slot's last position before the worker waits for the next slot, so one
+            slot is enough with ``groups > 1``.
 
     Raises:
         ValueError: a size that is not a positive int, duplicate or reserved keys,
             ``envs_per_worker`` not divisible into ``groups``, ``groups > 1`` with one
-            slot, or staging that names fields the ring lacks.
+            slot (unless ``rounds``), or staging that names fields the ring lacks.
 
     Examples:
         >>> import numpy as np
@@ -181,6 +184,7 @@ class RingLayout:
     slots: int
     groups: int = 1
     staging: Staging | None = None
+    rounds: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "envs_per_worker", "chunk_steps", "slots", "groups"):
@@ -199,7 +203,7 @@ class RingLayout:
                 f"RingLayout: {self.envs_per_worker} envs per worker do not split into "
                 f"{self.groups} equal groups"
             )
-        if self.groups > 1 and self.slots < 2:
+        if self.groups > 1 and self.slots < 2 and not self.rounds:
             # The first group enters a new slot before the last one hands the old one over.
             raise ValueError("RingLayout with groups > 1 needs slots >= 2")
         if self.staging is not None:

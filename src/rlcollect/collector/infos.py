@@ -1,0 +1,76 @@
+"""``info_keys``: numeric entries of an env's ``info`` carried as ``("next", "info", name)``.
+
+Each name's per-env shape and dtype come from env 0's probe (``probe.py``: one reset and
+one step in the driver); the ring holds one field per name. The worker loops write the
+step's entry next to its reward. An entry that is missing, or is not a number (bools,
+integers, floats, or arrays of them) of the probed shape, fails the worker with an
+``EnvError`` naming the env and the entry: silently writing a zero or a cast value
+would hand the learner data the env never produced.
+
+A vector env returns ``info`` as a dict of arrays with one row per result row, and a
+boolean mask ``info["_name"]`` saying which rows hold the entry (gymnasium's
+convention); a row whose mask is False counts as missing. With the ``SameStep``
+autoreset a finished sub-env's row holds the *reset's* info, and the finished step's
+own is in ``info["final_info"]`` (same layout): that one is carried.
+
+This module imports no torch: it runs in worker processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlcollect.errors import EnvError
+
+__all__ = ["InfoWriter", "NUMERIC_KINDS", "vector_entry"]
+
+#: numpy dtype kinds an ``info`` entry may have: bool, signed, unsigned, float.
+NUMERIC_KINDS = "biuf"
+
+
+class InfoWriter:
+    """Writes a plain env's ``info`` entries into its ring fields, checking each one."""
+
+    def __init__(self, buffers: Mapping[tuple[str, ...], np.ndarray], names: tuple[str, ...]):
+        self._fields = [(name, buffers[("next", "info", name)]) for name in names]
+
+    def write(self, position: int, env: int, info: Any, env_index: int) -> None:
+        for name, dst in self._fields:
+            try:
+                value = info[name]
+            except (KeyError, TypeError, IndexError):
+                has = sorted(map(str, info)) if isinstance(info, dict) else repr(info)
+                raise EnvError(env_index, "the info check") from KeyError(
+                    f"env {env_index} returned an info without {name!r}, which info_keys "
+                    f"asks for; its info holds {has}"
+                )
+            store(dst[position, env, ...], value, name, env_index)
+
+
+def store(dst: np.ndarray, value: Any, name: str, env_index: int) -> None:
+    """Copy one env's entry ``value`` into ``dst`` (its cell in the ring), checked."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in NUMERIC_KINDS or arr.shape != dst.shape:
+        raise EnvError(env_index, "the info check") from TypeError(
+            f"env {env_index} returned info[{name!r}] = {value!r} ({arr.dtype}, shape "
+            f"{arr.shape}); info_keys carries numbers of the dtype and shape env 0 gave at "
+            f"its probe: {dst.dtype}, shape {dst.shape}"
+        )
+    try:
+        np.copyto(dst, arr, casting="same_kind")
+    except TypeError as exc:
+        raise EnvError(env_index, "the info check") from TypeError(
+            f"env {env_index} returned info[{name!r}] of dtype {arr.dtype}; env 0 gave "
+            f"{dst.dtype} at its probe, and {arr.dtype} does not fit it ({exc})"
+        )
+
+
+def vector_entry(info: Any, name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The entry ``name`` of a vector env's ``info`` and its row mask (None where absent)."""
+    if not isinstance(info, dict) or name not in info:
+        return None, None
+    mask = info.get("_" + name)
+    return np.asarray(info[name]), None if mask is None else np.asarray(mask, dtype=bool)

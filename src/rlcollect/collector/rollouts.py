@@ -1,0 +1,205 @@
+"""On-policy rollouts (``on_policy=True``): rounds of ``T`` steps, gated by the consumer.
+
+Each batch is ``[num_envs, T]``: row ``e`` holds env ``e``'s next ``T`` transitions, all
+of them computed with the weights current when the batch was asked for. The ring does
+the gating, with the credits it already has:
+
+* Every worker owns one slot of ``T`` steps (``chunk_steps = T``): one round.
+* A worker takes one credit (``wait_slot``) before each round, the first included, on
+  top of the one the ring starts with (which it takes at once). The consumer gives that
+  credit (``release``) only when a batch is asked for: :meth:`RoundGate.open`, at the
+  start of the collector's ``next()``. A worker therefore never starts a round, sends
+  no request and receives no action of it, before the batch is asked for.
+* ``open`` first makes sure the weights handed over so far serve the next inference
+  batch (the ``"process"`` backend applies them asynchronously: it waits until they
+  are applied; the ``"thread"`` backend applies them before ``update_policy_weights_``
+  returns). No request is pending meanwhile (every worker waits for its credit), so
+  every action of the round is computed with those weights: ``policy_version`` is one
+  value in the whole batch, and it is the version current when the batch was asked for.
+* A round's chunk is copied into the batch as soon as it arrives, but its slot is not
+  given back (that credit would start the next round): :meth:`RoundGate.hold` keeps
+  it for the next ``open``. The worker loops reorder the round's boundary so that no
+  group waits for that credit before the last group has stepped and the slot is
+  handed over (``worker.py``, ``vector_worker.py``).
+* An update made while a round runs (only possible from another thread, e.g. with
+  ``start()``) waits for the round's end (:meth:`RoundGate.between_rounds`), so it
+  lands between two batches and never splits one.
+
+:class:`RolloutBuilder` places each worker's ``[T, envs]`` chunk as rows of the
+``[num_envs, T]`` batch: the chunk's rows sorted by ``env_index``, stably, are each env's
+transitions in step order (the plain loop writes them step-major; the vector loop in
+the order transitions finish, which is each env's own step order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from rlcollect._tensordict import TensorDict
+from rlcollect.errors import CollectorError
+from rlcollect.inference.base import InferenceBackend
+from rlcollect.transports.base import ServerEnd
+from rlcollect.transports.layout import Field, Key, RingLayout
+
+__all__ = ["RolloutBuilder", "RoundGate"]
+
+_POLL = 0.1  # seconds between checks while waiting (errors, shutdown)
+
+
+class RolloutBuilder:
+    """Copies each worker's round into the ``[num_envs, T]`` batch being built."""
+
+    def __init__(
+        self,
+        layout: RingLayout,
+        ring: Mapping[Key, np.ndarray],
+        *,
+        num_envs: int,
+        total_frames: int,
+    ) -> None:
+        self._fields: tuple[Field, ...] = layout.fields
+        self._ring = ring
+        self._steps = layout.chunk_steps
+        self._k = layout.envs_per_worker
+        self._num_envs = num_envs
+        self._workers = layout.num_workers
+        # Batches still to build: total_frames is a multiple of frames_per_batch (checked).
+        per_batch = num_envs * layout.chunk_steps
+        self._remaining = -1 if total_frames < 0 else total_frames // per_batch
+        self._ready: deque[TensorDict] = deque()
+        self._arrays: dict[Key, np.ndarray] = {}
+        self._tensors: dict[Key, torch.Tensor] = {}
+        self._copied = 0
+        self._new_batch()
+
+    @property
+    def ready(self) -> int:
+        """Number of finished batches waiting to be taken."""
+        return len(self._ready)
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every batch of ``total_frames`` has been built."""
+        return self._remaining == 0
+
+    def pop(self) -> TensorDict:
+        """The oldest finished batch."""
+        return self._ready.popleft()
+
+    def add_chunk(self, worker: int, slot: int) -> None:
+        """Copy worker ``worker``'s round (slot ``slot``) into its rows of the batch."""
+        t, k = self._steps, self._k
+        start = slot * t
+        env_index = self._ring[("env_index",)][worker, start : start + t].reshape(t * k)
+        # Stable: each env's rows keep their order, which is its step order.
+        order = np.argsort(env_index, kind="stable")
+        first = worker * k
+        counts = np.bincount(env_index - first, minlength=k)
+        if counts.shape[0] != k or not (counts == t).all():
+            raise CollectorError(
+                f"worker {worker}'s round does not hold {t} transitions of each of envs "
+                f"{first}-{first + k - 1} (counts {counts.tolist()}): on-policy rounds broke"
+            )
+        rows = slice(first * t, (first + k) * t)
+        for field in self._fields:
+            src = self._ring[field.key][worker, start : start + t].reshape(t * k, *field.shape)
+            np.take(src, order, axis=0, out=self._arrays[field.key][rows], mode="clip")
+        self._copied += 1
+        if self._copied == self._workers:
+            self._finish()
+
+    def _new_batch(self) -> None:
+        self._copied = 0
+        if self._remaining == 0:
+            self._tensors, self._arrays = {}, {}
+            return
+        n = self._num_envs * self._steps
+        self._tensors = {
+            f.key: torch.from_numpy(np.empty((n, *f.shape), dtype=f.dtype)) for f in self._fields
+        }
+        self._arrays = {key: t.numpy() for key, t in self._tensors.items()}
+
+    def _finish(self) -> None:
+        tensors = self._tensors
+        done = tensors[("next", "terminated")] | tensors[("next", "truncated")]
+        shape = (self._num_envs, self._steps)
+        td = TensorDict(batch_size=list(shape))
+        for key, value in tensors.items():
+            td.set(key, value.view(*shape, *value.shape[1:]))
+        td.set(("next", "done"), done.view(shape))
+        self._ready.append(td)
+        if self._remaining > 0:
+            self._remaining -= 1
+        self._new_batch()
+
+
+class RoundGate:
+    """Starts each round when its batch is asked for, and keeps updates out of rounds."""
+
+    def __init__(self, end: ServerEnd, server: InferenceBackend, num_workers: int) -> None:
+        self._end = end
+        self._server = server
+        self._num_workers = num_workers
+        # Slot 0 of every worker: the first round's go-ahead (the ring's own credit was
+        # taken by the worker when it started).
+        self._held: list[tuple[int, int]] = [(w, 0) for w in range(num_workers)]
+        self._cond = threading.Condition()
+        self._in_round = False
+        self._updates = 0  # updates waiting for the round to end
+
+    def hold(self, worker: int, slot: int) -> None:
+        """Keep ``slot`` (copied) from ``worker`` until the next batch is asked for."""
+        self._held.append((worker, slot))
+
+    def open(self, idle: Callable[[], None]) -> None:
+        """Start the next round: once the weights handed over serve, give every worker
+        its go-ahead. ``idle`` runs between bounded waits (shutdown, server errors)."""
+        if len(self._held) != self._num_workers:
+            raise CollectorError(
+                f"on-policy round started with {len(self._held)} of {self._num_workers} "
+                "workers' slots held back: the previous round is incomplete"
+            )
+        with self._cond:
+            while self._updates:  # an update waits for this boundary: let it land first
+                self._cond.wait(_POLL)
+                idle()
+            self._in_round = True
+        version = self._server.policy_version
+        while not self._server.wait_applied(version, _POLL):
+            idle()
+        idle()  # the server's error, if it failed instead of applying them
+        for worker, slot in self._held:
+            self._end.release(worker, slot)
+        self._held.clear()
+
+    def close(self) -> None:
+        """The round's batch is complete: updates may land."""
+        with self._cond:
+            self._in_round = False
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def between_rounds(self, alive: Callable[[], None]) -> Iterator[None]:
+        """Hold the next round back for the ``with`` block, after the one running ends.
+        ``alive`` raises when waiting is pointless (the collector shut down or failed)."""
+        with self._cond:
+            self._updates += 1
+        try:
+            with self._cond:
+                started = time.monotonic()
+                while self._in_round:
+                    self._cond.wait(_POLL)
+                    if time.monotonic() - started > _POLL:
+                        alive()
+            yield
+        finally:
+            with self._cond:
+                self._updates -= 1
+                self._cond.notify_all()

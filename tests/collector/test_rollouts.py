@@ -1,0 +1,306 @@
+"""On-policy rollouts (``on_policy=True``, collector/rollouts.py): the contract of
+DESIGN.md §1.1 on every transport, inference backend and kind of env source.
+
+Each batch is [num_envs, T], row e is env e's next T steps in order, and every row of
+batch k was computed by the weights of the k-th update: the policy writes its weight
+``tag`` on every row, and the learner changes it between batches, so a row computed
+before an update (an env running ahead of the learner) shows the old tag.
+"""
+
+import functools
+import threading
+import time
+
+import gymnasium as gym
+import pytest
+import torch
+from envs import StepCounter, counting_vector
+from helpers import (
+    CountingPolicy,
+    ListBuffer,
+    TaggedPolicy,
+    check_counting_streams,
+    check_episode_figures,
+    counting_envs,
+    wait_until,
+)
+
+from rlcollect import AsyncBatchedCollector, ReplayBuffer
+from rlcollect.testing import CountingVectorEnv
+
+# transport, inference backend
+COMBOS = [("thread", "thread"), ("process_slots", "thread"), ("process_slots", "process")]
+
+
+def _plain(n):
+    return counting_envs(n)
+
+
+def _sync_vector(num_vector_envs, n, mode):
+    return [functools.partial(counting_vector, n * i, n, mode) for i in range(num_vector_envs)]
+
+
+def _ids_in_any_order(num_vector_envs, n):
+    # Stepped whole, but each result names its sub-envs in a random order (info["env_id"]).
+    return [
+        functools.partial(CountingVectorEnv, n * i, n, n, autoreset_mode="SameStep", order_seed=i)
+        for i in range(num_vector_envs)
+    ]
+
+
+# name: (env factories, number of envs, collector kwargs)
+SOURCES = {
+    "plain": (_plain(4), 4, {}),
+    "envs_per_worker": (_plain(6), 6, {"envs_per_worker": 3}),
+    "worker_splits": (_plain(4), 4, {"envs_per_worker": 4, "worker_splits": 2}),
+    "vector-SameStep": (_sync_vector(2, 3, "SameStep"), 6, {}),
+    "vector-Disabled": (_sync_vector(2, 2, "Disabled"), 4, {"envs_per_worker": 2}),
+    "vector-ids-in-any-order": (_ids_in_any_order(2, 3), 6, {}),
+}
+
+
+def make(combo, source, policy, steps=7, batches=4, **kwargs):
+    transport, backend = combo
+    env_fns, num_envs, extra = SOURCES[source]
+    kwargs = {**extra, **kwargs}
+    kwargs.setdefault("total_frames", num_envs * steps * batches)
+    return AsyncBatchedCollector(
+        env_fns,
+        policy,
+        frames_per_batch=num_envs * steps,
+        transport=transport,
+        inference_backend=backend,
+        policy_device="cpu",
+        on_policy=True,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+@pytest.mark.parametrize("combo", COMBOS, ids=["-".join(c) for c in COMBOS])
+def test_rollouts_are_env_rows_of_one_weights_version(combo, source):
+    steps, num_envs = 7, SOURCES[source][1]
+    policy = TaggedPolicy(0)
+    batches = []
+    with make(combo, source, policy, steps=steps) as c:
+        for k, batch in enumerate(c):
+            assert batch.batch_size == (num_envs, steps)
+            assert torch.equal(
+                batch["env_index"], torch.arange(num_envs)[:, None].expand(-1, steps)
+            )
+            # One weights version per batch: the one of the updates made before next().
+            assert bool((batch["policy_version"] == k).all()), batch["policy_version"]
+            assert bool((batch["tag"] == k).all()), f"batch {k} holds rows of older weights"
+            batches.append(batch)
+            with torch.no_grad():
+                policy.tag.fill_(k + 1)
+            assert c.update_policy_weights_(policy) == k + 1
+        episodes = c.stats()["episodes"]
+    assert len(batches) == 4
+    data = torch.cat([b.reshape(-1) for b in batches])
+    check_counting_streams(data)  # routing; per env in order from step 0, no gap/duplicate
+    check_episode_figures(data)
+    for e in range(num_envs):
+        # Row e of consecutive batches is env e's stream, already in order.
+        row = torch.cat([b[e] for b in batches])
+        order = row["episode"] * 1000 + row["step"]
+        assert bool((order.diff() > 0).all()), f"env {e}'s rows are out of order"
+    done = data[("next", "done")]
+    assert episodes["count"] == int(done.sum())
+    last = data[("next", "episode_length")][done][-100:].float()
+    assert episodes["length_mean"] == pytest.approx(float(last.mean()))
+
+
+def test_envs_wait_while_the_learner_learns():
+    # Thread transport: the envs live in this process, so their steps can be counted.
+    StepCounter.steps = 0
+    fns = [functools.partial(StepCounter, i) for i in range(4)]
+    with AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=4 * 5,
+        total_frames=4 * 5 * 3,
+        transport="thread",
+        policy_device="cpu",
+        on_policy=True,
+    ) as c:
+        # Nothing steps before the first batch is asked for (the weights may still change).
+        assert StepCounter.steps == 0
+        for k, _ in enumerate(c):
+            assert StepCounter.steps == 20 * (k + 1)
+            # The learner learns: a real computation, after which no env has stepped.
+            x = torch.randn(64, 64)
+            for _ in range(200):
+                x = torch.tanh(x @ x.T / 64)
+            assert StepCounter.steps == 20 * (k + 1), "envs ran ahead of the learner"
+
+
+def test_an_update_from_another_thread_never_splits_a_batch():
+    # Background collection: the learner updates while rounds run; every batch (as
+    # written to the buffer, [num_envs * T] rows) still holds one weights version.
+    buffer = ListBuffer()
+    policy = TaggedPolicy(0)
+    with make(("process_slots", "thread"), "plain", policy, steps=10, batches=30,
+              replay_buffer=buffer) as c:  # fmt: skip
+        c.start()
+        version = 0
+        deadline = time.monotonic() + 120  # a hang guard
+        while not c.join(timeout=0):
+            assert time.monotonic() < deadline, "background collection did not end"
+            with torch.no_grad():
+                policy.tag.fill_(version + 1)
+            version = c.update_policy_weights_(policy)
+        c.join(timeout=60)
+    assert buffer.rows() == 4 * 10 * 30
+    previous = -1
+    for part in buffer.parts:
+        assert part.batch_size == (40,)
+        versions = part["policy_version"].unique()
+        assert len(versions) == 1, f"a batch mixes versions {versions.tolist()}"
+        assert bool((part["tag"] == versions[0].float()).all())
+        assert int(versions[0]) >= previous
+        previous = int(versions[0])
+    check_counting_streams(torch.cat(buffer.parts))
+
+
+def test_background_collection_with_train_ratio():
+    buffer = ReplayBuffer(1000)
+    with make(("thread", "thread"), "plain", CountingPolicy(), steps=5, batches=6,
+              replay_buffer=buffer, train_ratio=1.0) as c:  # fmt: skip
+        c.start()
+        # False once collection has ended and the learner's share is sampled (or after
+        # 30 s with nothing to sample, which join() below would then explain).
+        while c.wait_to_sample(timeout=30):
+            buffer.sample(20)
+        assert c.join(timeout=60)
+        assert len(buffer) == 120
+        assert c.stats()["train_ratio"] >= 1.0
+
+
+def test_endless_on_policy_collection_stops_at_shutdown():
+    with make(("process_slots", "thread"), "plain", CountingPolicy(), total_frames=-1) as c:
+        for k, batch in enumerate(c):
+            assert batch.batch_size == (4, 7)
+            if k == 5:
+                break
+        assert c.stats()["frames"] == 6 * 28
+
+
+def test_updates_before_the_first_batch_are_used_by_it():
+    policy = TaggedPolicy(0)
+    with make(("process_slots", "process"), "plain", policy) as c:
+        for tag in (5, 6):
+            with torch.no_grad():
+                policy.tag.fill_(tag)
+            c.update_policy_weights_(policy)
+        batch = next(c)
+    assert bool((batch["policy_version"] == 2).all())
+    assert bool((batch["tag"] == 6).all())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"frames_per_batch": 10}, "frames_per_batch=10 is not a multiple of the 4 envs"),
+        ({"total_frames": 100}, "total_frames=100 is not a multiple of frames_per_batch=40"),
+        ({"transition_chunk_size": 4}, "transition_chunk_size=4"),
+        ({"max_worker_restarts": 1}, "max_worker_restarts=1"),
+        ({"on_policy": 1}, "on_policy must be True or False"),
+    ],
+)
+def test_bad_on_policy_input_is_refused_at_construction(kwargs, message):
+    args = {"frames_per_batch": 40, "total_frames": 400, "on_policy": True, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        AsyncBatchedCollector(
+            counting_envs(4), CountingPolicy(), transport="process_slots", policy_device="cpu",
+            **args,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env_fns", "message"),
+    [
+        (_sync_vector(2, 2, "NextStep"), "NextStep autoreset"),
+        (
+            [functools.partial(CountingVectorEnv, 0, 4, 2, autoreset_mode="SameStep")],
+            "driven with send/recv",
+        ),
+    ],
+    ids=["NextStep", "send-recv"],
+)
+def test_vector_envs_that_cannot_give_whole_rounds_are_refused(env_fns, message):
+    with pytest.raises(ValueError, match=message):
+        AsyncBatchedCollector(
+            env_fns, CountingPolicy(), frames_per_batch=40, transport="thread",
+            policy_device="cpu", on_policy=True,
+        )  # fmt: skip
+
+
+def test_cartpole_rollouts_with_gymnasium_sync_vector_env():
+    def make_vec():
+        return gym.vector.SyncVectorEnv(
+            [functools.partial(gym.make, "CartPole-v1")] * 2,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+
+    class Policy(torch.nn.Module):
+        def forward(self, obs):
+            return (obs[:, 2] > 0).long()
+
+    with AsyncBatchedCollector(
+        [make_vec] * 2, Policy(), frames_per_batch=4 * 64, total_frames=4 * 64 * 2,
+        transport="process_slots", policy_device="cpu", on_policy=True,
+    ) as c:  # fmt: skip
+        batches = list(c)
+    for batch in batches:
+        nxt, obs = batch[("next", "observation")], batch["observation"]
+        # Within each row, the next observation is the following row's observation
+        # unless the episode ended there.
+        inner = ~batch[("next", "done")][:, :-1]
+        assert torch.equal(nxt[:, :-1][inner], obs[:, 1:][inner])
+    ends = torch.cat([b[("next", "done")].reshape(-1) for b in batches])
+    lengths = torch.cat([b[("next", "episode_length")].reshape(-1) for b in batches])[ends]
+    assert bool((lengths >= 8).all())  # a CartPole episode lasts at least 8 steps
+
+
+def test_a_background_pause_and_update_inside_it_do_not_deadlock():
+    buffer = ListBuffer()
+    policy = TaggedPolicy(0)
+    with make(("thread", "thread"), "plain", policy, steps=5, batches=40,
+              replay_buffer=buffer) as c:  # fmt: skip
+        c.start()
+        wait_until(lambda: buffer.rows() > 0, timeout=30, what="a first batch")
+        with c.pause(timeout=30):
+            with torch.no_grad():
+                policy.tag.fill_(1)
+            c.update_policy_weights_(policy)
+        assert c.join(timeout=60)
+    for part in buffer.parts:
+        assert len(part["policy_version"].unique()) == 1
+
+
+def test_two_threads_updating_while_iterating_never_split_a_batch():
+    policy = TaggedPolicy(0)
+    stop = threading.Event()
+    errors = []
+
+    def updater(c):
+        try:
+            while not stop.is_set():
+                c.update_policy_weights_(policy)
+        except Exception as exc:  # the collector shut down under it: fine at the end
+            if not stop.is_set():
+                errors.append(exc)
+
+    with make(("process_slots", "thread"), "plain", policy, steps=6, batches=15) as c:
+        thread = threading.Thread(target=updater, args=(c,), daemon=True)
+        thread.start()
+        try:
+            for k in range(15):
+                batch = next(c)
+                assert batch["policy_version"].unique().numel() == 1, f"batch {k} is split"
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+        assert not thread.is_alive() and not errors
+        assert c.policy_version > 0
