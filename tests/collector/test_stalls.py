@@ -113,7 +113,12 @@ def test_a_stopped_worker_process_is_a_named_error():
 
 def test_a_stopped_worker_process_is_restarted():
     with make("process_slots", counting_envs(2), max_worker_restarts=1) as c:
+        # Stop it only once env 1 has delivered rows: its stream then shows the rebuild
+        # (on a busy machine the first batches may come from env 0 alone).
         first = next(c)
+        while not bool((first["env_index"] == 1).any()):
+            first = torch.cat([first, next(c)])
+            assert first.batch_size[0] < 2000, "env 1 delivered nothing"
         pid = c.transport.pids[1]
         os.kill(pid, signal.SIGSTOP)
         with pytest.warns(WorkerRestartWarning, match=r"worker 1 .* has been stopped"):
