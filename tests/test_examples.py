@@ -63,6 +63,17 @@ def test_custom_transport():
     assert "collected 1024 frames in 2 batches from envs [0, 1]" in out, out
 
 
+def test_ray_collect():
+    pytest.importorskip("ray")
+    # A local Ray instance (ray.init() starts one): the example's own set-up; the
+    # multi-node paths are tested on a simulated cluster in tests/distributed/.
+    out = run("examples/ray_collect.py", "--frames", "2048", "--envs", "4",
+              "--frames-per-batch", "256")  # fmt: skip
+    assert "4 envs on 2 collectors" in out, out
+    assert "collected 2048 frames in 8 batches" in out, out
+    assert "collector restarts: 0" in out, out
+
+
 def test_training_loop_of_the_docs_home_page(tmp_path):
     text = (ROOT / "docs" / "index.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]

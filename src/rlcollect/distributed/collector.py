@@ -36,6 +36,7 @@ endlessly and are stopped when it is met.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 import weakref
@@ -52,7 +53,7 @@ from rlcollect.distributed import plan
 from rlcollect.distributed.actor import CollectorActor
 from rlcollect.distributed.assembly import Assembler
 from rlcollect.distributed.failures import Failure
-from rlcollect.distributed.fleet import _LOST, CONTROL_THREADS, IN_FLIGHT, Fleet, Member
+from rlcollect.distributed.fleet import CONTROL_THREADS, IN_FLIGHT, Fleet, Lost, Member
 from rlcollect.errors import CollectorError
 from rlcollect.inference.server import check_weights
 from rlcollect.replay.buffer import ReplayBuffer
@@ -187,7 +188,7 @@ class RayCollector:
         self._fleet = Fleet(
             ray.remote(CollectorActor),
             members,
-            policy_ref=ray.put(policy),  # one copy, read by every actor
+            policy_ref=ray.put(_on_cpu(policy)),  # one copy, read by every actor
             collector_kwargs=actor_kwargs,
             seed=seed,
             max_restarts=max_collector_restarts,
@@ -390,8 +391,10 @@ class RayCollector:
                 answer = answers[i] if answers else None
                 if isinstance(answer, dict):
                     one.update(answer)
-                elif answer is not None:  # shut down: only where each collector ran
-                    one["error"] = "lost" if answer is _LOST else str(answer)
+                elif isinstance(answer, Lost):
+                    one["error"] = f"lost: {answer.why}"
+                elif isinstance(answer, Failure):
+                    one["error"] = f"{answer.type_name}: {answer.message}"
                 collectors.append(one)
         out["worker_restarts"] = sum(c.get("worker_restarts", 0) for c in collectors)
         out["collectors"] = collectors
@@ -433,6 +436,17 @@ class RayCollector:
             exc.add_note(f"rlcollect: background collection had failed too: {error!r}")
 
 
+def _on_cpu(policy: torch.nn.Module | None) -> torch.nn.Module | None:
+    """``policy``, or a copy of it on the CPU: the actors' nodes need not have the
+    driver's device (each serves its copy on its own ``policy_device``)."""
+    if policy is None:
+        return None
+    tensors = [*policy.parameters(), *policy.buffers()]
+    if all(t.device.type == "cpu" for t in tensors):
+        return policy
+    return copy.deepcopy(policy).cpu()
+
+
 class _Everyone:
     """Pauses every collector actor (what ``Background.paused`` holds)."""
 
@@ -441,14 +455,15 @@ class _Everyone:
 
     def pause(self, timeout: float) -> None:
         answers = self._fleet.call_all("pause", timeout + _CONTROL_TIMEOUT_S, timeout)
-        failed = [a for a in answers if isinstance(a, Failure) or a is _LOST]
-        if failed:
-            self.resume()
-            first = failed[0]
-            raise CollectorError(
-                "a collector could not pause: "
-                + ("it was lost" if first is _LOST else f"{first.type_name}: {first.message}")
-            )
+        for m, answer in zip(self._fleet.members, answers, strict=True):
+            why = None
+            if isinstance(answer, Lost):
+                why = f"it was lost: {answer.why}"
+            elif isinstance(answer, Failure):
+                why = f"{answer.type_name}: {answer.message}"
+            if why is not None:
+                self.resume()
+                raise CollectorError(f"collector {m.index} ({m.envs}) could not pause: {why}")
 
     def resume(self) -> None:
         self._fleet.call_all("resume", _CONTROL_TIMEOUT_S)

@@ -36,7 +36,7 @@ from rlcollect.distributed.failures import Failure, envs_of, lost_error
 from rlcollect.distributed.rows import Rows, length
 from rlcollect.errors import CollectorError, WorkerRestartWarning
 
-__all__ = ["IN_FLIGHT", "Fleet", "Member"]
+__all__ = ["CONTROL_THREADS", "IN_FLIGHT", "Fleet", "Lost", "Member"]
 
 IN_FLIGHT = 3  # next_batch calls queued per actor: one being made, the next ones waiting
 CONTROL_THREADS = 3  # actor threads beside them: weights, pause/resume, stats, pings
@@ -137,8 +137,13 @@ class Fleet:
                 m = pending.pop(ref)
                 m.calls.pop(ref)
                 value = self._get(m, ref)
-                if value is _LOST:
-                    raise CollectorError(f"collector {m.index} ({m.envs}) died while starting")
+                if isinstance(value, Lost):
+                    raise CollectorError(
+                        f"collector {m.index} ({m.envs}) died while starting: {value.why}\n"
+                        "rlcollect: if it could not unpickle its arguments, the modules that "
+                        "define the policy and the env factories must be importable on every "
+                        "node (installed there, or ray.init(runtime_env={'py_modules': [...]}))"
+                    )
                 self._take_ready(m, ref, value)
         per_fn = {m.num_envs // len(m.env_fns) for m in self.members}
         if len(per_fn) > 1:
@@ -208,8 +213,8 @@ class Fleet:
                 if kind is None:
                     continue  # a call to an actor replaced meanwhile
                 value = self._get(m, ref)
-                if value is _LOST:
-                    out.extend(self._lose(m, "its process or node died"))
+                if isinstance(value, Lost):
+                    out.extend(self._lose(m, value.why))
                     continue
                 m.last_seen, m.ping_sent = time.monotonic(), None
                 if isinstance(value, Failure):
@@ -253,11 +258,11 @@ class Fleet:
         return out
 
     def _get(self, m: Member, ref: Any) -> Any:
-        """The value of a finished call, or _LOST when the actor is gone."""
+        """The value of a finished call, or :class:`Lost` when the actor is gone."""
         try:
             return ray.get(ref, timeout=GET_TIMEOUT_S)
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
-            return _LOST
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+            return Lost.of(exc)
         except ray.exceptions.GetTimeoutError as exc:
             raise CollectorError(
                 f"collector {m.index} ({m.envs}, on {m.host}): a finished batch did not reach "
@@ -319,8 +324,8 @@ class Fleet:
         for m, ref in refs:
             try:
                 out.append(ray.get(ref, timeout=_left(deadline)))
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
-                out.append(_LOST)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                out.append(Lost.of(exc))
             except ray.exceptions.GetTimeoutError:
                 raise CollectorError(
                     f"collector {m.index} ({m.envs}, on {m.host}) did not answer {method}() "
@@ -348,11 +353,22 @@ class Fleet:
                 _kill(h)
 
 
-class _Lost:
-    """The value of a call to an actor that is gone."""
+@dataclass(frozen=True)
+class Lost:
+    """The value of a call to an actor that is gone, and Ray's word on why."""
 
+    why: str
 
-_LOST: Any = _Lost()
+    @classmethod
+    def of(cls, exc: BaseException) -> Lost:
+        # Ray's message runs to many lines (the actor's creation traceback among them):
+        # its first line, and the last one that names an error, say what happened.
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        why = lines[0] if lines else type(exc).__name__
+        errors = [line for line in lines[1:] if "Error" in line.split(":")[0]]
+        if errors and errors[-1] not in why:
+            why += f" ({errors[-1]})"
+        return cls(why)
 
 
 def _kill(handle: Any) -> None:
