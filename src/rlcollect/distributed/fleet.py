@@ -315,7 +315,7 @@ class Fleet:
                 m.calls[m.handle.update_weights.remote(weights_ref, version)] = "update"
 
     def call_all(self, method: str, timeout: float, *args: Any) -> list[Any]:
-        """``method(*args)`` on every actor, their answers (_LOST for a dead one);
+        """``method(*args)`` on every actor, their answers (:class:`Lost` for a dead one);
         raises a CollectorError naming the first actor that does not answer in time."""
         with self._lock:
             refs = [(m, getattr(m.handle, method).remote(*args)) for m in self.members]
@@ -348,6 +348,8 @@ class Fleet:
         try:
             refs = [h.shutdown.remote() for h in handles]
             ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_S)
+        except Exception:  # Ray going away (at exit): the kills below still apply
+            pass
         finally:
             for h in handles:
                 _kill(h)
