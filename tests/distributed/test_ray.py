@@ -188,12 +188,16 @@ def check_restarted_streams(data):
 
 def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
     batches = []
-    with make(4, frames_per_batch=16, total_frames=-1, max_collector_restarts=1) as c:
+    policy = ConstantPolicy(1)
+    with make(4, policy, frames_per_batch=16, total_frames=-1, max_collector_restarts=1) as c:
         while not batches or not all(
             bool((torch.cat(batches)["env_index"] == e).any()) for e in (2, 3)
         ):
             batches.append(next(c))  # until collector 1's envs have delivered rows
             assert len(batches) < 500
+        with torch.no_grad():
+            policy.value.fill_(4)
+        assert c.update_policy_weights_(policy) == 1
         old = c._fleet.members[1].handle
         ray.kill(old)
         after = torch.zeros(4, dtype=torch.long)
@@ -216,7 +220,13 @@ def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
         assert any("max_collector_restarts=1" in note for note in info.value.__notes__)
         wait_until(lambda: actors_dead(c), timeout=30, what="every actor to be stopped")
     assert all(b.batch_size[0] == 16 for b in batches)
-    assert check_restarted_streams(torch.cat(batches)) == {0: 0, 1: 0, 2: 1, 3: 1}
+    data = torch.cat(batches)
+    assert check_restarted_streams(data) == {0: 0, 1: 0, 2: 1, 3: 1}
+    # the new actor served the newest weights, under their version, from its first step
+    version = data["policy_version"]
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
+    rebuilt = (data["env_index"] >= 2) & (data["episode"] != data["observation"][:, EPISODE])
+    assert bool(rebuilt.any()) and bool((version[rebuilt] == 1).all())
 
 
 def test_an_env_error_names_the_collector_and_the_env(cluster):
