@@ -65,10 +65,10 @@ def test_custom_transport():
 
 def test_ray_collect():
     pytest.importorskip("ray")
-    # A local Ray instance (ray.init() starts one): the example's own set-up; the
-    # multi-node paths are tested on a simulated cluster in tests/distributed/.
-    out = run("examples/ray_collect.py", "--frames", "2048", "--envs", "4",
-              "--frames-per-batch", "256")  # fmt: skip
+    # Simulated nodes of its own: a bare ray.init() would join any Ray cluster running
+    # on this machine, such as the one tests/distributed/ starts.
+    out = run("examples/ray_collect.py", "--simulate-nodes", "2", "--node-cpus", "1",
+              "--frames", "2048", "--envs", "4", "--frames-per-batch", "256")  # fmt: skip
     assert "4 envs on 2 collectors" in out, out
     assert "collected 2048 frames in 8 batches" in out, out
     assert "collector restarts: 0" in out, out

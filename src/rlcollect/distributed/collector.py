@@ -102,7 +102,6 @@ class RayCollector:
         num_collectors: as given.
         frames_per_batch: as given.
         total_frames: as given (-1: endless).
-        hosts: the host each collector runs on, by collector.
 
     Raises:
         TypeError, ValueError: at construction, a bad argument (named), or what a
@@ -203,7 +202,6 @@ class RayCollector:
             self.shutdown()
             raise
         self.num_envs = self._fleet.num_envs
-        self.hosts = [m.host for m in self._fleet.members]
         self._assembler = Assembler(frames_per_batch, total_frames)
         learning_starts = driver_kwargs.get("learning_starts", 0)
         self._throttle = None if throttle is None else Throttle(*throttle, learning_starts)
@@ -330,6 +328,11 @@ class RayCollector:
             yield
 
     # ------------------------------------------------------------------ control
+
+    @property
+    def hosts(self) -> list[str]:
+        """The host each collector runs on (now: a restarted one may have moved)."""
+        return [] if self._fleet is None else [m.host for m in self._fleet.members]
 
     @property
     def policy_version(self) -> int:

@@ -76,6 +76,13 @@ def check_arguments(
     if total_frames != -1:
         checks.check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
     checks.check_int("max_collector_restarts", max_collector_restarts, minimum=0)
+    if collector_kwargs.get("on_policy"):
+        # [num_envs, T] batches of one weights version each would need every actor to
+        # take its T steps per env under the same version: not built yet.
+        raise ValueError(
+            "on_policy=True is not supported by RayCollector: iterate flat batches and "
+            "sort by (env_index, episode, step), or use AsyncBatchedCollector"
+        )
     unknown = sorted(set(collector_kwargs) - _COLLECTOR_KWARGS)
     if unknown:
         raise TypeError(
