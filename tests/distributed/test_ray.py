@@ -45,6 +45,12 @@ def cluster():
         for _ in range(2):
             c.add_node(num_cpus=NODE_CPUS, object_store_memory=STORE)
         ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+        # Every node registered, before a collector sizes its actors from the cluster
+        wait_until(
+            lambda: ray.cluster_resources().get("CPU", 0) == 2 * NODE_CPUS,
+            timeout=60,
+            what="both nodes to join",
+        )
         # The test helpers are not installed on the "nodes": their classes travel by value.
         ray.cloudpickle.register_pickle_by_value(helpers)
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -87,7 +87,11 @@ class CollectorActor:
         self._versions = torch.tensor([policy_version], dtype=torch.int64)
         self._applied = policy_version
         self._versions_lock = threading.Lock()
-        self._iterating = threading.Lock()  # one next() at a time; held during a pause
+        # One next() at a time, and none during a pause. A condition rather than a lock:
+        # a pause asked for goes before the next_batch calls waiting in line.
+        self._gate = threading.Condition()
+        self._busy = False  # a next() is under way
+        self._pausing = False  # a pause is asked for or held
         self._produced = 0
         self._pause: contextlib.AbstractContextManager[None] | None = None
         self.collector: AsyncBatchedCollector | None = None
@@ -155,10 +159,17 @@ class CollectorActor:
         or why the collector failed (after which it is shut down)."""
         try:
             collector = self._collector()
-            with self._iterating:
+            with self._gate:
+                self._gate.wait_for(lambda: not (self._busy or self._pausing))
+                self._busy = True
+            try:
                 batch = next(collector)
                 number = self._produced
                 self._produced += 1
+            finally:
+                with self._gate:
+                    self._busy = False
+                    self._gate.notify_all()
         except Exception as exc:
             # The first error is the one to report: the calls queued behind it would
             # only find the collector shut down, and may reach the driver first.
@@ -193,27 +204,38 @@ class CollectorActor:
         making is finished first (the driver's pause waits for it), then none is made."""
         try:
             collector = self._collector()
-            if not self._iterating.acquire(timeout=timeout):
-                raise CollectorError(f"the collector did not finish its batch within {timeout} s")
         except Exception as exc:
             return describe(exc)
+        with self._gate:
+            if self._pausing:
+                return describe(CollectorError("the collector is already paused"))
+            self._pausing = True
+            if not self._gate.wait_for(lambda: not self._busy, timeout):
+                self._pausing = False
+                self._gate.notify_all()
+                error = CollectorError(f"the collector did not finish its batch within {timeout} s")
+                return describe(error)
         try:
             pause = collector.pause(timeout)
             pause.__enter__()
             self._pause = pause
         except Exception as exc:
-            self._iterating.release()
+            self._open_gate()
             return describe(exc)
         return None
 
     def resume(self) -> None:
         pause, self._pause = self._pause, None
-        if pause is None:
-            return
         try:
-            pause.__exit__(None, None, None)
+            if pause is not None:
+                pause.__exit__(None, None, None)
         finally:
-            self._iterating.release()
+            self._open_gate()
+
+    def _open_gate(self) -> None:
+        with self._gate:
+            self._pausing = False
+            self._gate.notify_all()
 
     def stats(self) -> dict[str, Any] | Failure:
         try:
