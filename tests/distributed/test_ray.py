@@ -10,6 +10,7 @@ import functools
 import sys
 import threading
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -26,7 +27,7 @@ from helpers import (  # noqa: E402
 )
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from rlcollect import ReplayBuffer  # noqa: E402
+from rlcollect import AsyncBatchedCollector, ReplayBuffer  # noqa: E402
 from rlcollect.distributed import RayCollector  # noqa: E402
 from rlcollect.errors import CollectorError, WorkerError, WorkerRestartWarning  # noqa: E402
 from rlcollect.testing import EPISODE, STEP, CountingEnv, episode_length  # noqa: E402
@@ -106,6 +107,36 @@ def test_exact_batches_env_index_streams_replay_buffer_and_stats(cluster):
     assert all("frames" in s and "server" in s for s in running["collectors"])
     with pytest.raises(StopIteration):  # as a local collector whose budget is met
         next(c)
+
+
+class Greedy(torch.nn.Module):
+    """Deterministic: argmax of a fixed random linear map of CartPole's observation."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.tensor([[0.3, -0.2, 0.9, 0.4], [-0.1, 0.5, -0.7, 0.2]]))
+            self.linear.bias.zero_()
+
+    def forward(self, obs):
+        return self.linear(obs).argmax(-1)
+
+
+def test_streams_are_those_of_the_local_collector(cluster):
+    """Reproducibility across nodes: env i is seeded with seed + i wherever it runs."""
+    fns = [functools.partial(gym.make, "CartPole-v1")] * 4
+    kwargs = {"frames_per_batch": 64, "total_frames": 1024, "policy_device": "cpu", "seed": 3}
+    with AsyncBatchedCollector(fns, Greedy(), transport="thread", **kwargs) as c:
+        local = streams(torch.cat(list(c)))
+    with RayCollector(fns, Greedy(), num_collectors=2, **kwargs) as c:
+        spread = streams(torch.cat(list(c)))
+    assert set(local) == set(spread) == {0, 1, 2, 3}
+    for i in local:
+        n = min(len(local[i]), len(spread[i]))
+        assert n >= 32, (i, n)  # every env took part
+        for key in ("observation", "action", "episode", "step", ("next", "reward")):
+            assert torch.equal(local[i][key][:n], spread[i][key][:n]), (i, key)
 
 
 def test_background_collection_pause_and_weight_updates(cluster):
