@@ -63,6 +63,17 @@ def test_custom_transport():
     assert "collected 1024 frames in 2 batches from envs [0, 1]" in out, out
 
 
+def test_ray_collect():
+    pytest.importorskip("ray")
+    # Simulated nodes of its own: a bare ray.init() would join any Ray cluster running
+    # on this machine, such as the one tests/distributed/ starts.
+    out = run("examples/ray_collect.py", "--simulate-nodes", "2", "--node-cpus", "1",
+              "--frames", "2048", "--envs", "4", "--frames-per-batch", "256")  # fmt: skip
+    assert "4 envs on 2 collectors" in out, out
+    assert "collected 2048 frames in 8 batches" in out, out
+    assert "collector restarts: 0" in out, out
+
+
 def test_training_loop_of_the_docs_home_page(tmp_path):
     text = (ROOT / "docs" / "index.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]

@@ -24,13 +24,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from rlcollect.errors import CollectorError
-from rlcollect.inference.base import InferenceBackend
 from rlcollect.replay.counting import CountsSamples
 
-__all__ = ["POLL", "Background", "Stopping", "Throttle", "wait_to_sample"]
+__all__ = ["POLL", "Background", "Pausable", "Stopping", "Throttle", "wait_to_sample"]
 
 POLL = 0.1  # seconds between checks of the stop flag in every wait
 
@@ -40,6 +39,15 @@ class Stopping(CollectorError):
 
     def __init__(self) -> None:
         super().__init__("the collector was shut down")
+
+
+class Pausable(Protocol):
+    """What :meth:`Background.paused` holds: an inference backend, or every collector
+    of a ``RayCollector``."""
+
+    def pause(self, timeout: float) -> None: ...
+
+    def resume(self) -> None: ...
 
 
 class Background:
@@ -149,7 +157,7 @@ class Background:
             self._quiet.clear()
 
     @contextlib.contextmanager
-    def paused(self, server: InferenceBackend, timeout: float) -> Iterator[None]:
+    def paused(self, server: Pausable, timeout: float) -> Iterator[None]:
         """Hold the background thread (if any) at a quiet point and the server between
         two batches for the ``with`` block."""
         if self.pause_requested.is_set():

@@ -1,0 +1,472 @@
+"""``RayCollector``: one ``AsyncBatchedCollector`` per Ray actor, exact batches in the driver.
+
+::
+
+    node A (Ray actor: collector 0, envs 0-7)          node B (collector 1, envs 8-15)
+    ┌──────────────────────────────────────────┐      ┌──────────────────────────────┐
+    │ workers ─ring─▶ inference (local device) │      │ workers ─▶ inference          │
+    │ AsyncBatchedCollector ─▶ batch [fpb / 2] │      │ ... ─▶ batch [fpb / 2]        │
+    │   env_index + offset, episode, version   │      │                              │
+    └────────────────┬─────────────────────────┘      └──────────────┬───────────────┘
+                     │ numpy columns through the object store        │
+                     │ (IN_FLIGHT next_batch calls queued per actor) │
+                     ▼                                               ▼
+    driver: Fleet.poll ─▶ InOrder (per actor) ─▶ HoldBack (restarts) ─▶ Assembler
+            ─▶ TensorDict [frames_per_batch] ─▶ replay_buffer ─▶ caller
+    update_policy_weights_: ray.put(state_dict) once ─▶ the ref to every actor
+
+Inference stays on each node: an env step never waits for the network. Only finished
+batches (to the driver) and weights (from it, one object-store copy per update, read by
+every node) cross it.
+
+The parts, each in a module of its own:
+
+* ``plan.py``: argument checks, env groups, each actor's batch size and resources;
+* ``actor.py``: the actor around its ``AsyncBatchedCollector`` (no Ray import);
+* ``fleet.py``: the actors from the driver: requests in flight, liveness, restarts;
+* ``assembly.py``: per-actor order, held-back rows, exact batches (no Ray import);
+* ``rows.py``: batches as numpy columns; ``failures.py``: remote errors by name.
+
+Iteration, background collection (``start``/``join``/``pause``, the ``train_ratio``
+throttle) and the replay buffer work as on the local collector, reusing its
+``collector/background.py``; the budget is the driver's alone: the actors collect
+endlessly and are stopped when it is met.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import ray
+import torch
+
+from rlcollect._tensordict import TensorDict
+from rlcollect.collector import checks
+from rlcollect.collector.background import POLL, Background, Throttle, wait_to_sample
+from rlcollect.distributed import plan
+from rlcollect.distributed.actor import CollectorActor
+from rlcollect.distributed.assembly import Assembler
+from rlcollect.distributed.failures import Failure
+from rlcollect.distributed.fleet import CONTROL_THREADS, IN_FLIGHT, Fleet, Lost, Member
+from rlcollect.errors import CollectorError
+from rlcollect.inference.server import check_weights
+from rlcollect.replay.buffer import ReplayBuffer
+from rlcollect.replay.sink import SupportsExtend
+
+__all__ = ["RayCollector"]
+
+START_TIMEOUT_S = 300.0  # seconds the actors may take to be placed and build their collectors
+_CONTROL_TIMEOUT_S = 30.0  # seconds an actor may take to answer stats() or resume()
+_JOIN_TIMEOUT = 10.0  # seconds shutdown() waits for the background thread
+
+
+class RayCollector:
+    """Collects from envs spread over the nodes of a Ray cluster, one
+    :class:`~rlcollect.AsyncBatchedCollector` per Ray actor, in exact batches.
+
+    ``env_fns`` are cut into ``num_collectors`` contiguous groups; each group is stepped
+    by a collector in a Ray actor, with its own inference server on its own node. Batches
+    keep the local collector's layout and guarantees: exactly ``frames_per_batch`` rows
+    each (the last one what remains of ``total_frames``), ``env_index`` the env's
+    position in ``env_fns`` whichever node stepped it, each env's transitions in order
+    with no gap and no duplicate. Guide: ``docs/distributed.md``.
+
+    Args:
+        env_fns: zero-argument callables returning gymnasium envs; they are pickled to
+            the actors, so they must be importable there (a module installed on every
+            node, or ``functools.partial(gymnasium.make, ...)``).
+        policy: a ``torch.nn.Module`` (or ``TensorDictModule``), pickled to every actor.
+        num_collectors: Ray actors, each an ``AsyncBatchedCollector`` over its group.
+        frames_per_batch: transitions per yielded batch.
+        total_frames: transitions in all, or -1 to collect until :meth:`shutdown`.
+        resources_per_collector: Ray actor options of each actor, e.g.
+            ``{"num_cpus": 8, "num_gpus": 1}``; by default one CPU per worker process
+            of its group (at most an even share of the cluster's CPUs, and what its
+            largest node has). Actors are spread over the nodes unless a
+            ``scheduling_strategy`` is given.
+        max_collector_restarts: collector actors restarted in all, after dying, before
+            a :class:`~rlcollect.errors.WorkerError` is raised.
+        **collector_kwargs: any other keyword argument of ``AsyncBatchedCollector``;
+            ``replay_buffer``, ``train_ratio`` and ``learning_starts`` act in the
+            driver, ``seed`` seeds env ``i`` with ``seed + i`` as locally, every other
+            one goes to each actor's collector.
+
+    Attributes:
+        num_envs: envs in all (sub-envs of vector envs counted one by one).
+        num_collectors: as given.
+        frames_per_batch: as given.
+        total_frames: as given (-1: endless).
+
+    Raises:
+        TypeError, ValueError: at construction, a bad argument (named), or what a
+            collector actor's ``AsyncBatchedCollector`` raised building itself.
+        WorkerError: while iterating, an env of a collector failed (``env_index`` in the
+            driver's numbering), or a collector actor died past
+            ``max_collector_restarts`` (named with its envs).
+        InferenceError: while iterating, the policy failed in a collector.
+        CollectorError: the actors could not be placed in time; iterating a collector
+            shut down, paused or collecting in the background.
+
+    Example: ``examples/ray_collect.py``, shown in ``docs/distributed.md``.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        policy: torch.nn.Module | None = None,
+        *,
+        num_collectors: int,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        resources_per_collector: Mapping[str, Any] | None = None,
+        max_collector_restarts: int = 0,
+        **collector_kwargs: Any,
+    ) -> None:
+        self._closed = True  # until everything is up: shutdown() must work at any point
+        self._fleet: Fleet | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._shutdown_lock = threading.Lock()
+        self._background = Background()
+        fns = plan.check_arguments(
+            env_fns,
+            policy,
+            num_collectors,
+            frames_per_batch,
+            total_frames,
+            max_collector_restarts,
+            collector_kwargs,
+        )
+        driver_kwargs, actor_kwargs = plan.split_kwargs(collector_kwargs)
+        self._replay_buffer: SupportsExtend | None = driver_kwargs.get("replay_buffer")
+        throttle = checks.throttle_of(
+            driver_kwargs.get("train_ratio"),
+            driver_kwargs.get("learning_starts", 0),
+            self._replay_buffer,
+        )
+        seed = driver_kwargs.get("seed", 0)
+        if seed is not None:
+            checks.check_int("seed", seed, minimum=0, extra="or None")
+        self.num_collectors = num_collectors
+        self.frames_per_batch = frames_per_batch
+        self.total_frames = total_frames
+        # Weights are checked in the driver against the policy's names and shapes, so
+        # that a bad update fails at the call, with nothing changed, as locally.
+        self._shapes = None
+        if policy is not None:
+            self._shapes = {n: tuple(t.shape) for n, t in policy.state_dict().items()}
+
+        if not ray.is_initialized():
+            ray.init()  # RAY_ADDRESS, when set, names the cluster to join
+        capacity = plan.cluster_capacity()
+        groups = plan.plan_groups(len(fns), num_collectors, frames_per_batch)
+        members = [
+            Member(
+                index=g.index,
+                env_fns=plan.group_fns(fns, g),
+                first_fn=g.env_offset,
+                frames_per_batch=g.frames_per_batch,
+                options=plan.actor_options(
+                    g,
+                    num_collectors,
+                    resources_per_collector,
+                    actor_kwargs.get("envs_per_worker", 1),
+                    capacity,
+                    IN_FLIGHT + CONTROL_THREADS,
+                ),
+                hold_back=max_collector_restarts > 0,
+            )
+            for g in groups
+        ]
+        self._started, self._cpu_started = time.perf_counter(), time.process_time()
+        self._fleet = Fleet(
+            ray.remote(CollectorActor),
+            members,
+            policy_ref=ray.put(_on_cpu(policy)),  # one copy, read by every actor
+            collector_kwargs=actor_kwargs,
+            seed=seed,
+            max_restarts=max_collector_restarts,
+        )
+        self._closed = False
+        # Kills the actors if the collector is garbage-collected or open at exit (Ray
+        # kills them too when this driver exits).
+        self._finalizer = weakref.finalize(self, self._fleet.shutdown)
+        try:
+            self._fleet.start(START_TIMEOUT_S)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.num_envs = self._fleet.num_envs
+        self._assembler = Assembler(frames_per_batch, total_frames)
+        learning_starts = driver_kwargs.get("learning_starts", 0)
+        self._throttle = None if throttle is None else Throttle(*throttle, learning_starts)
+        self._frames = self._batches = 0
+        self._wait_seconds = 0.0
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> RayCollector:
+        return self
+
+    def __next__(self) -> TensorDict:
+        self._background.raise_error()
+        with self._background.iterating():
+            try:
+                batch = self._produce()
+            except BaseException:
+                self.shutdown()
+                raise
+        if batch is None:
+            self.shutdown()
+            raise StopIteration
+        return batch
+
+    def _produce(self) -> TensorDict | None:
+        """The next batch, already written to the replay buffer; None once the budget is met."""
+        if self._closed or self._fleet is None:
+            if self.total_frames != -1 and self._frames >= self.total_frames:
+                return None
+            raise CollectorError("the collector is shut down")
+        batch = self._next_batch()
+        if batch is None:
+            return None
+        if self._throttle is not None:
+            self._throttle.wait(self._frames, self._background.quiet_point)
+        self._background.quiet_point()
+        if self._replay_buffer is not None:
+            self._replay_buffer.extend(batch)
+        self._frames += batch.batch_size[0]
+        self._batches += 1
+        return batch
+
+    def _next_batch(self) -> TensorDict | None:
+        assembler, fleet = self._assembler, self._fleet
+        assert fleet is not None
+        if assembler.exhausted:
+            return None
+        t0 = time.perf_counter()
+        while not assembler.ready:
+            self._background.quiet_point()
+            wanted = None
+            if self.total_frames != -1:
+                wanted = self.total_frames - self._frames - assembler.queued
+            for rows in fleet.poll(POLL, wanted):
+                assembler.add(rows)
+        self._wait_seconds += time.perf_counter() - t0
+        return assembler.pop()
+
+    # ------------------------------------------------------------------ background
+
+    def start(self) -> None:
+        """Collect into the replay buffer in a background thread until ``total_frames``
+        are written or :meth:`shutdown`; as ``AsyncBatchedCollector.start``.
+
+        Raises:
+            CollectorError: without a ``replay_buffer``, when already started or shut
+                down; the background error if an earlier collection failed.
+        """
+        self._background.raise_error()
+        if self._closed:
+            raise CollectorError("the collector is shut down")
+        if self._replay_buffer is None:
+            raise CollectorError(
+                "start() collects into the replay buffer, and this collector has none: "
+                "pass replay_buffer= or iterate over the collector instead"
+            )
+        if self._background.started:
+            raise CollectorError("the collector is already collecting in the background")
+        self._background.start(self._produce, self._release)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) for background collection to
+        end; True once it has, False if the time ran out first.
+
+        Raises:
+            CollectorError: when :meth:`start` was not called; the background error.
+        """
+        if not self._background.started:
+            raise CollectorError("join() waits for background collection; call start() first")
+        return self._background.join(timeout)
+
+    def wait_to_sample(self, timeout: float | None = None) -> bool:
+        """As ``AsyncBatchedCollector.wait_to_sample``: True once the learner may sample.
+
+        Raises:
+            CollectorError: before :meth:`start`; the background error.
+        """
+        self._background.raise_error()
+        if not self._background.started:
+            raise CollectorError("wait_to_sample() waits for background collection; call start()")
+        if not isinstance(self._replay_buffer, ReplayBuffer):
+            raise CollectorError("wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer")
+        return wait_to_sample(self._background, self._replay_buffer, self._throttle, timeout)
+
+    @property
+    def background_done(self) -> bool:
+        """Whether background collection has ended (budget met, failed or shut down)."""
+        return self._background.finished.is_set()
+
+    @contextlib.contextmanager
+    def pause(self, timeout: float = 10.0) -> Iterator[None]:
+        """Hold collection at a quiet point for the ``with`` block: no batch is written
+        in the driver, and every collector holds its inference server between batches
+        once the batch it was making is finished.
+
+        Raises:
+            CollectorError: when shut down or already paused, or when a collector does
+                not reach its quiet point within ``timeout`` seconds.
+        """
+        self._background.raise_error()
+        if self._closed or self._fleet is None:
+            raise CollectorError("the collector is shut down")
+        with self._background.paused(_Everyone(self._fleet), timeout):
+            yield
+
+    # ------------------------------------------------------------------ control
+
+    @property
+    def hosts(self) -> list[str]:
+        """The host each collector runs on (now: a restarted one may have moved)."""
+        return [] if self._fleet is None else [m.host for m in self._fleet.members]
+
+    @property
+    def policy_version(self) -> int:
+        """Weights version in use: 0 at start, +1 per :meth:`update_policy_weights_`."""
+        return 0 if self._fleet is None else self._fleet.version
+
+    def update_policy_weights_(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> int:
+        """Put new weights (a module or its ``state_dict()``) in the object store once and
+        send every collector the reference; each copies them into its policy between
+        two inference batches. Returns the new :attr:`policy_version`, which stamps the
+        rows chosen with these weights.
+
+        Raises:
+            CollectorError: when shut down; the background error if collection failed.
+            KeyError, TypeError, ValueError: weights whose names, types or shapes are
+                not the policy's (nothing changed, the version not bumped).
+        """
+        self._background.raise_error()
+        if self._closed or self._fleet is None:
+            raise CollectorError("the collector is shut down")
+        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+        if self._shapes is not None:
+            check_weights(state, self._shapes)
+        cpu = {name: value.detach().to("cpu") for name, value in state.items()}
+        version = self._fleet.version + 1
+        self._fleet.update(ray.put(cpu), version)
+        return version
+
+    def stats(self) -> dict[str, Any]:
+        """Frames, batches, throughput and driver CPU time per frame as on the local
+        collector, ``collector_restarts``, and under ``collectors`` each collector's own
+        ``stats()`` with its ``host`` and ``envs`` (``docs/distributed.md``).
+
+        Raises:
+            CollectorError: the background error, if background collection failed.
+        """
+        self._background.raise_error()
+        elapsed = time.perf_counter() - self._started
+        cpu = time.process_time() - self._cpu_started
+        frames = self._frames
+        out: dict[str, Any] = {
+            "frames": frames,
+            "batches": self._batches,
+            "seconds": elapsed,
+            "frames_per_second": frames / elapsed if elapsed > 0 else 0.0,
+            "driver_cpu_ms_per_frame": 1e3 * cpu / frames if frames else 0.0,
+            "consumer_wait_seconds": self._wait_seconds,
+            "policy_version": self.policy_version,
+            "collector_restarts": 0 if self._fleet is None else self._fleet.restarts,
+        }
+        if self._throttle is not None:
+            out.update(self._throttle.stats(frames))
+        collectors: list[dict[str, Any]] = []
+        fleet = self._fleet
+        if fleet is not None:
+            answers = [] if self._closed else fleet.call_all("stats", _CONTROL_TIMEOUT_S)
+            for i, m in enumerate(fleet.members):
+                one: dict[str, Any] = {"collector": m.index, "envs": m.envs, "host": m.host}
+                answer = answers[i] if answers else None
+                if isinstance(answer, dict):
+                    one.update(answer)
+                elif isinstance(answer, Lost):
+                    one["error"] = f"lost: {answer.why}"
+                elif isinstance(answer, Failure):
+                    one["error"] = f"{answer.type_name}: {answer.message}"
+                collectors.append(one)
+        out["worker_restarts"] = sum(c.get("worker_restarts", 0) for c in collectors)
+        out["collectors"] = collectors
+        return out
+
+    def shutdown(self) -> None:
+        """Stop background collection and every collector actor (their workers and
+        shared memory with them). Idempotent; the ``with`` block, the end of iteration
+        and garbage collection call it.
+
+        Raises:
+            CollectorError: the background error, if collection failed and it was not
+                raised yet.
+        """
+        self._background.stop(_JOIN_TIMEOUT)
+        self._release()
+        self._background.raise_error()
+
+    def _release(self) -> None:
+        with self._shutdown_lock:
+            if self._closed and self._finalizer is None:
+                return
+            self._closed = True
+            finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer()  # Fleet.shutdown, once
+
+    def __enter__(self) -> RayCollector:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        try:
+            self.shutdown()
+        except BaseException as error:
+            if exc is None:
+                raise
+            exc.add_note(f"rlcollect: background collection had failed too: {error!r}")
+
+
+def _on_cpu(policy: torch.nn.Module | None) -> torch.nn.Module | None:
+    """``policy``, or a copy of it on the CPU: the actors' nodes need not have the
+    driver's device (each serves its copy on its own ``policy_device``)."""
+    if policy is None:
+        return None
+    tensors = [*policy.parameters(), *policy.buffers()]
+    if all(t.device.type == "cpu" for t in tensors):
+        return policy
+    return copy.deepcopy(policy).cpu()
+
+
+class _Everyone:
+    """Pauses every collector actor (what ``Background.paused`` holds)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+
+    def pause(self, timeout: float) -> None:
+        answers = self._fleet.call_all("pause", timeout + _CONTROL_TIMEOUT_S, timeout)
+        for m, answer in zip(self._fleet.members, answers, strict=True):
+            why = None
+            if isinstance(answer, Lost):
+                why = f"it was lost: {answer.why}"
+            elif isinstance(answer, Failure):
+                why = f"{answer.type_name}: {answer.message}"
+            if why is not None:
+                self.resume()
+                raise CollectorError(f"collector {m.index} ({m.envs}) could not pause: {why}")
+
+    def resume(self) -> None:
+        self._fleet.call_all("resume", _CONTROL_TIMEOUT_S)

@@ -1,0 +1,316 @@
+"""RayCollector on a real local Ray cluster of two simulated nodes (ray.cluster_utils).
+
+One cluster serves the whole module (starting one takes about 10 s): a head node with
+no CPUs for the driver, and two worker nodes of 2 CPUs each, so that each collector
+actor runs on a node of its own. Actors are real processes; faults are real
+(``ray.kill``). Every wait is bounded.
+"""
+
+import functools
+import sys
+import threading
+
+import gymnasium as gym
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+import helpers  # noqa: E402
+from helpers import (  # noqa: E402
+    ConstantPolicy,
+    CountingPolicy,
+    ListBuffer,
+    check_counting_streams,
+    counting_envs,
+    streams,
+    wait_until,
+)
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from rlcollect import AsyncBatchedCollector, ReplayBuffer  # noqa: E402
+from rlcollect.distributed import RayCollector  # noqa: E402
+from rlcollect.errors import CollectorError, WorkerError, WorkerRestartWarning  # noqa: E402
+from rlcollect.testing import EPISODE, STEP, CountingEnv, episode_length  # noqa: E402
+
+NODE_CPUS = 2
+STORE = 100 * 2**20  # bytes of object store per node: batches here are kilobytes
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": STORE},
+    )
+    try:
+        for _ in range(2):
+            c.add_node(num_cpus=NODE_CPUS, object_store_memory=STORE)
+        ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+        # Every node registered, before a collector sizes its actors from the cluster
+        wait_until(
+            lambda: ray.cluster_resources().get("CPU", 0) == 2 * NODE_CPUS,
+            timeout=60,
+            what="both nodes to join",
+        )
+        # The test helpers are not installed on the "nodes": their classes travel by value.
+        ray.cloudpickle.register_pickle_by_value(helpers)
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+class FloatActions(torch.nn.Module):
+    def forward(self, obs):
+        return obs[:, 0].float()
+
+
+def make(n=4, policy=None, **kwargs):
+    kwargs.setdefault("num_collectors", 2)
+    kwargs.setdefault("frames_per_batch", 32)
+    kwargs.setdefault("policy_device", "cpu")
+    return RayCollector(counting_envs(n), policy or CountingPolicy(), **kwargs)
+
+
+def actors_dead(c):
+    """True once every actor of ``c`` is gone (a call to it fails)."""
+    for m in c._fleet.members:
+        try:
+            ray.get(m.handle.ready.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            continue
+        return False
+    return True
+
+
+def test_exact_batches_env_index_streams_replay_buffer_and_stats(cluster):
+    rb = ListBuffer()
+    # 5 envs: groups of 3 and 2, batches of 24 cut from actor batches of 14 and 10
+    with make(5, frames_per_batch=24, total_frames=250, replay_buffer=rb) as c:
+        assert c.num_envs == 5
+        assert len({m.node for m in c._fleet.members}) == 2  # one collector per node
+        batches = [next(c) for _ in range(5)]
+        running = c.stats()
+        batches.extend(c)
+        stats = c.stats()
+    assert [b.batch_size[0] for b in batches] == [24] * 10 + [10]
+    data = torch.cat(batches)
+    check_counting_streams(data)  # routed, whole, in order, env_index == the env's own id
+    assert sorted(data["env_index"].unique().tolist()) == [0, 1, 2, 3, 4]
+    assert rb.rows() == 250 and all(a is b for a, b in zip(rb.parts, batches, strict=True))
+    assert stats["frames"] == 250 and stats["batches"] == 11
+    assert stats["collector_restarts"] == 0 and stats["policy_version"] == 0
+    assert [s["envs"] for s in stats["collectors"]] == ["envs 0-2", "envs 3-4"]
+    by_collector = {s["collector"]: s for s in stats["collectors"]}
+    assert by_collector[0]["envs"] == "envs 0-2" and by_collector[1]["envs"] == "envs 3-4"
+    assert all("frames" in s and "server" in s for s in running["collectors"])
+    with pytest.raises(StopIteration):  # as a local collector whose budget is met
+        next(c)
+
+
+class Greedy(torch.nn.Module):
+    """Deterministic: argmax of a fixed random linear map of CartPole's observation."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.tensor([[0.3, -0.2, 0.9, 0.4], [-0.1, 0.5, -0.7, 0.2]]))
+            self.linear.bias.zero_()
+
+    def forward(self, obs):
+        return self.linear(obs).argmax(-1)
+
+
+def test_streams_are_those_of_the_local_collector(cluster):
+    """Reproducibility across nodes: env i is seeded with seed + i wherever it runs."""
+    fns = [functools.partial(gym.make, "CartPole-v1")] * 4
+    kwargs = {"frames_per_batch": 64, "total_frames": 1024, "policy_device": "cpu", "seed": 3}
+    with AsyncBatchedCollector(fns, Greedy(), transport="thread", **kwargs) as c:
+        local = streams(torch.cat(list(c)))
+    with RayCollector(fns, Greedy(), num_collectors=2, **kwargs) as c:
+        spread = streams(torch.cat(list(c)))
+    assert set(local) == set(spread) == {0, 1, 2, 3}
+    for i in local:
+        n = min(len(local[i]), len(spread[i]))
+        assert n >= 32, (i, n)  # every env took part
+        for key in ("observation", "action", "episode", "step", ("next", "reward")):
+            assert torch.equal(local[i][key][:n], spread[i][key][:n]), (i, key)
+
+
+def test_background_collection_pause_and_weight_updates(cluster):
+    rb = ListBuffer()
+    policy = ConstantPolicy(1)
+    with make(4, policy, total_frames=-1, replay_buffer=rb) as c:
+        with pytest.raises(CollectorError, match="call start"):
+            c.join(1)
+        c.start()
+        wait_until(lambda: rb.rows() >= 64, timeout=60, what="two batches")
+        with c.pause():
+            written = rb.rows()
+            served = [s["server"]["batches"] for s in c.stats()["collectors"]]
+            # a window in which running collectors write many batches
+            assert not threading.Event().wait(0.3)
+            assert rb.rows() == written
+            assert [s["server"]["batches"] for s in c.stats()["collectors"]] == served
+            with pytest.raises(CollectorError, match="already paused"), c.pause():
+                pass
+        with pytest.raises(CollectorError, match="background"):
+            next(c)
+        with torch.no_grad():
+            policy.value.fill_(4)
+        assert c.update_policy_weights_(policy) == 1 and c.policy_version == 1
+        wait_until(
+            lambda: any(bool((p["policy_version"] == 1).any()) for p in list(rb.parts)),
+            timeout=60,
+            what="rows chosen by the new weights",
+        )
+        with pytest.raises(KeyError, match="missing"):
+            c.update_policy_weights_({})
+        assert c.policy_version == 1
+    assert c.join(timeout=1) and c.background_done
+    data = torch.cat(rb.parts)
+    version = data["policy_version"]
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
+    for rows in streams(data).values():  # per env, versions never go back
+        assert bool((rows["policy_version"].diff() >= 0).all())
+    assert set(version.unique().tolist()) == {0, 1}
+
+
+def test_train_ratio_throttles_in_the_driver(cluster):
+    rb = ReplayBuffer(4096)
+    with make(4, total_frames=320, replay_buffer=rb, train_ratio=1.0) as c:
+        c.start()
+        sampled = 0
+        while c.wait_to_sample(timeout=60):
+            rb.sample(32)
+            sampled += 32
+        assert c.join(timeout=60) and rb.written == 320 and c.background_done
+        assert sampled >= 320 - 32  # only the last batch may go unlearned
+
+
+def check_restarted_streams(data):
+    """Per env: whole (no gap, no duplicate), every episode ending with done, numbered on
+    across rebuilds; returns how many times each env was rebuilt."""
+    obs = data["observation"]
+    assert torch.equal(data["env_index"], obs[:, 0])
+    assert torch.equal(data["step"], obs[:, STEP])
+    rebuilt = {}
+    for i, rows in streams(data).items():
+        ep, st, done = rows["episode"], rows["step"], rows[("next", "done")]
+        assert ep[0] == 0 and st[0] == 0, f"env {i} starts at {ep[0]}/{st[0]}"
+        follows = torch.where(
+            done[:-1],
+            (ep[1:] == ep[:-1] + 1) & (st[1:] == 0),
+            (ep[1:] == ep[:-1]) & (st[1:] == st[:-1] + 1),
+        )
+        assert bool(follows.all()), f"env {i} stream has a gap, a duplicate or an unended episode"
+        o = rows["observation"]
+        offset = ep - o[:, EPISODE]  # the env's own count starts again at 0 when rebuilt
+        restart = offset[1:] != offset[:-1]
+        assert bool((o[1:][restart][:, EPISODE] == 0).all()), f"env {i}: no rebuild there"
+        rebuilt[i] = int(restart.sum())
+        natural = torch.tensor(
+            [
+                int(s) + 1 == episode_length(i, int(e))
+                for s, e in zip(o[:, STEP], o[:, EPISODE], strict=True)
+            ]
+        )
+        cut = torch.zeros_like(done)
+        cut[:-1] = restart
+        assert torch.equal(done, natural | cut), f"env {i}: done is wrong"
+    return rebuilt
+
+
+def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
+    batches = []
+    policy = ConstantPolicy(1)
+    with make(4, policy, frames_per_batch=16, total_frames=-1, max_collector_restarts=1) as c:
+        while not batches or not all(
+            bool((torch.cat(batches)["env_index"] == e).any()) for e in (2, 3)
+        ):
+            batches.append(next(c))  # until collector 1's envs have delivered rows
+            assert len(batches) < 500
+        with torch.no_grad():
+            policy.value.fill_(4)
+        assert c.update_policy_weights_(policy) == 1
+        old = c._fleet.members[1].handle
+        ray.kill(old)
+        after = torch.zeros(4, dtype=torch.long)
+        with pytest.warns(WorkerRestartWarning, match=r"restarting collector 1 \(envs 2-3"):
+            while not bool((after >= 20).all()):
+                batch = next(c)
+                batches.append(batch)
+                if c.stats()["collector_restarts"] == 1:
+                    after += torch.bincount(batch["env_index"], minlength=4)
+                assert len(batches) < 3000
+        assert c._fleet.members[1].handle is not old
+        stats = c.stats()
+        assert stats["frames"] == 16 * len(batches)  # every batch exact; only delivered rows
+        # past max_collector_restarts: the error names the collector and its envs
+        ray.kill(c._fleet.members[0].handle)
+        with pytest.raises(WorkerError, match=r"collector 0 \(envs 0-1, on .*\) was lost") as info:
+            for _ in range(3000):
+                batches.append(next(c))
+        assert info.value.worker_index == 0
+        assert any("max_collector_restarts=1" in note for note in info.value.__notes__)
+        wait_until(lambda: actors_dead(c), timeout=30, what="every actor to be stopped")
+    assert all(b.batch_size[0] == 16 for b in batches)
+    data = torch.cat(batches)
+    assert check_restarted_streams(data) == {0: 0, 1: 0, 2: 1, 3: 1}
+    # the new actor served the newest weights, under their version, from its first step
+    version = data["policy_version"]
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
+    rebuilt = (data["env_index"] >= 2) & (data["episode"] != data["observation"][:, EPISODE])
+    assert bool(rebuilt.any()) and bool((version[rebuilt] == 1).all())
+
+
+def test_an_env_error_names_the_collector_and_the_env(cluster):
+    fns = counting_envs(4)
+    fns[3] = functools.partial(CountingEnv, 3, fail_at=(0, 1))
+    c = RayCollector(
+        fns, CountingPolicy(), num_collectors=2, frames_per_batch=16, policy_device="cpu"
+    )
+    with pytest.raises(
+        WorkerError, match=r"collector 1 \(envs 2-3\): env 1 .*failed on purpose"
+    ) as info:
+        for _ in range(1000):
+            next(c)
+    assert info.value.env_index == 3  # in env_fns' numbering
+    wait_until(lambda: actors_dead(c), timeout=30, what="every actor to be stopped")
+
+
+def test_interrupt_stops_every_actor(cluster):
+    class Interrupting(ListBuffer):
+        def extend(self, td):
+            raise KeyboardInterrupt
+
+    c = make(4, replay_buffer=Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        next(c)
+    wait_until(lambda: actors_dead(c), timeout=30, what="every actor to be stopped")
+    c.shutdown()  # idempotent
+
+
+def test_bad_input_fails_at_construction(cluster):
+    with pytest.raises(ValueError, match="num_collectors=5, but env_fns has 4"):
+        make(4, num_collectors=5)
+    with pytest.raises(ValueError, match="frames_per_batch must be an int >= 1"):
+        make(4, frames_per_batch=0)
+    with pytest.raises(
+        TypeError, match=r"unexpected keyword argument\(s\) \['frames_per_batches'\]"
+    ):
+        make(4, frames_per_batches=8)
+    with pytest.raises(TypeError, match=r"env_fns\[0\] cannot be pickled to send it to a Ray"):
+        lock = threading.Lock()
+        RayCollector([lambda: (lock, CountingEnv(0))[1]], CountingPolicy(), num_collectors=1,
+                     frames_per_batch=8)  # fmt: skip
+    with pytest.raises(ValueError, match="asks for 3 CPUs per collector, but the largest node"):
+        make(4, resources_per_collector={"num_cpus": 3})
+    with pytest.raises(ValueError, match="need 6, but the Ray cluster has 4"):
+        make(6, num_collectors=3, resources_per_collector={"num_cpus": 2})
+    # found by the actors' own collectors, raised here as a local collector raises it
+    with pytest.raises(TypeError, match="float32 actions for the integer action space") as info:
+        make(4, policy=FloatActions(), num_collectors=2)
+    assert any("raised in collector" in note for note in info.value.__notes__)
