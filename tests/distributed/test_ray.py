@@ -126,11 +126,22 @@ class Greedy(torch.nn.Module):
 def test_streams_are_those_of_the_local_collector(cluster):
     """Reproducibility across nodes: env i is seeded with seed + i wherever it runs."""
     fns = [functools.partial(gym.make, "CartPole-v1")] * 4
-    kwargs = {"frames_per_batch": 64, "total_frames": 1024, "policy_device": "cpu", "seed": 3}
+    kwargs = {"frames_per_batch": 64, "total_frames": -1, "policy_device": "cpu", "seed": 3}
+
+    def until_every_env_has(c, rows=32, limit=20_000):
+        """Batches until every env delivered ``rows`` rows: on a busy machine some envs
+        may deliver nothing for a while, so no fixed budget is sure to hold them all."""
+        batches, seen = [], torch.zeros(4, dtype=torch.long)
+        while not bool((seen >= rows).all()):
+            batches.append(next(c))
+            seen += torch.bincount(batches[-1]["env_index"], minlength=4)
+            assert sum(b.batch_size[0] for b in batches) < limit, seen
+        return streams(torch.cat(batches))
+
     with AsyncBatchedCollector(fns, Greedy(), transport="thread", **kwargs) as c:
-        local = streams(torch.cat(list(c)))
+        local = until_every_env_has(c)
     with RayCollector(fns, Greedy(), num_collectors=2, **kwargs) as c:
-        spread = streams(torch.cat(list(c)))
+        spread = until_every_env_has(c)
     assert set(local) == set(spread) == {0, 1, 2, 3}
     for i in local:
         n = min(len(local[i]), len(spread[i]))
