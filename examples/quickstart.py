@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--env-seconds", type=float, default=3.0)
     args = parser.parse_args()
+    # This script's own threads leave the cores to the env workers (docs/tuning.md,
+    # "Torch threads"); the collector warns where they would compete.
+    torch.set_num_threads(1)
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
