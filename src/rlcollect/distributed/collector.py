@@ -53,7 +53,7 @@ from rlcollect.distributed import plan
 from rlcollect.distributed.actor import CollectorActor
 from rlcollect.distributed.assembly import Assembler
 from rlcollect.distributed.failures import Failure
-from rlcollect.distributed.fleet import CONTROL_THREADS, IN_FLIGHT, Fleet, Lost, Member
+from rlcollect.distributed.fleet import CONTROL_THREADS, IN_FLIGHT, Fleet, Lost, Member, Starting
 from rlcollect.errors import CollectorError
 from rlcollect.inference.server import check_weights
 from rlcollect.replay.buffer import ReplayBuffer
@@ -388,12 +388,18 @@ class RayCollector:
         collectors: list[dict[str, Any]] = []
         fleet = self._fleet
         if fleet is not None:
-            answers = [] if self._closed else fleet.call_all("stats", _CONTROL_TIMEOUT_S)
+            answers = (
+                []
+                if self._closed
+                else fleet.call_all("stats", _CONTROL_TIMEOUT_S, skip_starting=True)
+            )
             for i, m in enumerate(fleet.members):
                 one: dict[str, Any] = {"collector": m.index, "envs": m.envs, "host": m.host}
                 answer = answers[i] if answers else None
                 if isinstance(answer, dict):
                     one.update(answer)
+                elif isinstance(answer, Starting):
+                    one["state"] = "starting"  # a restart still building its collector
                 elif isinstance(answer, Lost):
                     one["error"] = f"lost: {answer.why}"
                 elif isinstance(answer, Failure):

@@ -314,14 +314,32 @@ class Fleet:
                         del m.calls[ref]
                 m.calls[m.handle.update_weights.remote(weights_ref, version)] = "update"
 
-    def call_all(self, method: str, timeout: float, *args: Any) -> list[Any]:
+    def call_all(
+        self, method: str, timeout: float, *args: Any, skip_starting: bool = False
+    ) -> list[Any]:
         """``method(*args)`` on every actor, their answers (:class:`Lost` for a dead one);
-        raises a CollectorError naming the first actor that does not answer in time."""
+        raises a CollectorError naming the first actor that does not answer in time.
+
+        ``skip_starting``: an actor still starting (a restart: building its collector
+        can take longer than ``timeout`` on a busy machine) is not asked; its answer is
+        :class:`Starting`.
+        """
         with self._lock:
-            refs = [(m, getattr(m.handle, method).remote(*args)) for m in self.members]
+            refs = [
+                (
+                    m,
+                    None
+                    if skip_starting and _starting(m)
+                    else getattr(m.handle, method).remote(*args),
+                )
+                for m in self.members
+            ]
         deadline = time.monotonic() + timeout
-        out = []
+        out: list[Any] = []
         for m, ref in refs:
+            if ref is None:
+                out.append(Starting())
+                continue
             try:
                 out.append(ray.get(ref, timeout=_left(deadline)))
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
@@ -353,6 +371,15 @@ class Fleet:
         finally:
             for h in handles:
                 _kill(h)
+
+
+def _starting(m: Member) -> bool:
+    return "ready" in m.calls.values()
+
+
+@dataclass(frozen=True)
+class Starting:
+    """The answer of an actor that was not asked: it is still starting."""
 
 
 @dataclass(frozen=True)
