@@ -22,6 +22,7 @@ from helpers import (  # noqa: E402
     ListBuffer,
     check_counting_streams,
     counting_envs,
+    shm_exists,
     streams,
     wait_until,
 )
@@ -247,6 +248,8 @@ def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
             policy.value.fill_(4)
         assert c.update_policy_weights_(policy) == 1
         old = c._fleet.members[1].handle
+        left = c._fleet.members[1].segments  # its collector's ring, on this machine
+        assert left and all(shm_exists(name) for name in left)
         ray.kill(old)
         after = torch.zeros(4, dtype=torch.long)
         with pytest.warns(WorkerRestartWarning, match=r"restarting collector 1 \(envs 2-3"):
@@ -257,6 +260,7 @@ def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
                     after += torch.bincount(batch["env_index"], minlength=4)
                 assert len(batches) < 3000
         assert c._fleet.members[1].handle is not old
+        assert not any(shm_exists(name) for name in left), "a killed actor's ring is left"
         stats = c.stats()
         assert stats["frames"] == 16 * len(batches)  # every batch exact; only delivered rows
         # past max_collector_restarts: the error names the collector and its envs

@@ -36,6 +36,8 @@ from rlcollect.collector.collector import AsyncBatchedCollector
 from rlcollect.distributed.failures import Failure, describe
 from rlcollect.distributed.rows import Rows, to_rows
 from rlcollect.errors import CollectorError
+from rlcollect.inference.process import ProcessInference
+from rlcollect.transports.process_slots import ProcessSlotTransport
 
 __all__ = ["CollectorActor"]
 
@@ -152,6 +154,7 @@ class CollectorActor:
             "env_offset": self._offset,
             "num_envs": collector.num_envs,
             "policy_device": str(collector.policy_device),
+            "segments": _segments(collector),
         }
 
     def next_batch(self) -> tuple[int, Rows] | Failure:
@@ -249,3 +252,14 @@ class CollectorActor:
             with contextlib.suppress(BaseException):
                 self.resume()
             self.collector.shutdown()
+
+
+def _segments(collector: AsyncBatchedCollector) -> list[str]:
+    """The shared-memory segments the collector made on this node: should this actor be
+    killed (its worker processes with it), the driver unlinks what is left of them."""
+    names = []
+    if isinstance(collector.transport, ProcessSlotTransport) and collector.transport.shm_name:
+        names.append(collector.transport.shm_name)
+    if isinstance(collector.server, ProcessInference):
+        names.append(collector.server.shm_name)
+    return names

@@ -21,6 +21,7 @@ background: the other actors' batches keep flowing meanwhile.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import warnings
@@ -35,6 +36,7 @@ from rlcollect.distributed.assembly import HoldBack, InOrder
 from rlcollect.distributed.failures import Failure, envs_of, lost_error
 from rlcollect.distributed.rows import Rows, length
 from rlcollect.errors import CollectorError, WorkerRestartWarning
+from rlcollect.processes import unlink_segment
 
 __all__ = ["CONTROL_THREADS", "IN_FLIGHT", "Fleet", "Lost", "Member"]
 
@@ -72,6 +74,7 @@ class Member:
     calls: dict[Any, str] = field(default_factory=dict)  # object ref: "batch" | "ready" | ...
     last_seen: float = 0.0
     ping_sent: float | None = None
+    segments: tuple[str, ...] = ()  # its collector's shared-memory segments, on ``host``
 
     def __post_init__(self) -> None:
         self.env_offset, self.num_envs = self.first_fn, len(self.env_fns)
@@ -181,6 +184,7 @@ class Fleet:
         if isinstance(value, Failure):
             raise value.error(m.index, m.env_offset, m.num_envs)
         m.host, m.node = str(value["host"]), str(value["node"])
+        m.segments = tuple(value.get("segments", ()))
         m.env_offset, m.num_envs = int(value["env_offset"]), int(value["num_envs"])
         if m.hold_back and m.holdback is None:
             m.holdback = HoldBack(m.env_offset, m.num_envs)
@@ -276,6 +280,7 @@ class Fleet:
         each env's interrupted episode ended."""
         old = m.handle
         _kill(old)
+        _unlink_left_behind(m)
         if self.restarts >= self.max_restarts or self._closed:
             raise lost_error(
                 m.index, m.env_offset, m.num_envs, m.host, why, self.restarts, self.max_restarts
@@ -371,6 +376,8 @@ class Fleet:
         finally:
             for h in handles:
                 _kill(h)
+            for m in self.members:
+                _unlink_left_behind(m)
 
 
 def _starting(m: Member) -> bool:
@@ -398,6 +405,17 @@ class Lost:
         if errors and errors[-1] not in why:
             why += f" ({errors[-1]})"
         return cls(why)
+
+
+def _unlink_left_behind(m: Member) -> None:
+    """Unlink the segments of ``m``'s killed actor where this process can: on its own
+    host (simulated nodes, one machine). A killed actor's worker processes normally
+    unlink them on seeing it gone, but Ray may kill them with it. Unlinking a name still
+    mapped elsewhere is harmless: the mappings stay valid until they go."""
+    if m.host != socket.gethostname():
+        return
+    for name in m.segments:
+        unlink_segment(name)
 
 
 def _kill(handle: Any) -> None:
