@@ -10,19 +10,17 @@ no duplicate.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
-import torch
 
-from rlcollect._tensordict import TensorDict
-from rlcollect.transports.layout import Field, Key, RingLayout
+from rlcollect.collector.builder import ChunkBuilder
+from rlcollect.transports.layout import Key, RingLayout
 
 __all__ = ["BatchBuilder"]
 
 
-class BatchBuilder:
+class BatchBuilder(ChunkBuilder):
     """Copies chunks out of the ring into batches of the sizes the budget calls for."""
 
     def __init__(
@@ -33,35 +31,20 @@ class BatchBuilder:
         frames_per_batch: int,
         total_frames: int,
     ) -> None:
-        self._fields: tuple[Field, ...] = layout.fields
-        self._ring = ring
-        self._steps = layout.chunk_steps
+        super().__init__(layout, ring)
         self._rows_per_chunk = layout.chunk_steps * layout.envs_per_worker
         self._fpb = frames_per_batch
         self._remaining = total_frames  # rows still to assign to batches; -1: endless
-        self._ready: deque[TensorDict] = deque()
-        self._tensors: dict[Key, torch.Tensor] = {}
-        self._arrays: dict[Key, np.ndarray] = {}
         self._size = 0
         self._filled = 0
         self._new_batch()
-
-    @property
-    def ready(self) -> int:
-        """Number of finished batches waiting to be taken."""
-        return len(self._ready)
 
     @property
     def exhausted(self) -> bool:
         """True once every row of ``total_frames`` has been assigned to a batch."""
         return self._size == 0
 
-    def pop(self) -> TensorDict:
-        """The oldest finished batch."""
-        return self._ready.popleft()
-
     def add_chunk(self, worker: int, slot: int) -> None:
-        """Copy chunk ``slot`` of ``worker`` out of the ring (the slot may be reused after)."""
         rows = self._rows_per_chunk
         start = slot * self._steps
         taken = 0
@@ -75,7 +58,8 @@ class BatchBuilder:
             taken += n
             self._filled += n
             if self._filled == self._size:
-                self._finish()
+                self._queue((self._size,))
+                self._new_batch()
         # Rows past total_frames (taken < rows here) are the end of every stream: dropped.
 
     def _new_batch(self) -> None:
@@ -84,20 +68,4 @@ class BatchBuilder:
             self._remaining -= size
         self._size = size
         self._filled = 0
-        if size == 0:
-            self._tensors, self._arrays = {}, {}
-            return
-        self._tensors = {
-            f.key: torch.from_numpy(np.empty((size, *f.shape), dtype=f.dtype)) for f in self._fields
-        }
-        self._arrays = {key: t.numpy() for key, t in self._tensors.items()}
-
-    def _finish(self) -> None:
-        tensors = self._tensors
-        done = tensors[("next", "terminated")] | tensors[("next", "truncated")]
-        td = TensorDict(batch_size=[self._size])
-        for key, value in tensors.items():
-            td.set(key, value)
-        td.set(("next", "done"), done)
-        self._ready.append(td)
-        self._new_batch()
+        self._allocate(size)

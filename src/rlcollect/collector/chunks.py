@@ -19,8 +19,10 @@ A worker's failure arrives from ``wait_chunks`` as a ``WorkerError`` after every
 it handed over (the transport's contract); with ``max_worker_restarts`` it is handled
 here (``restarts.py``), otherwise raised.
 
-On-policy (``rollouts.py``) the builder is a :class:`~rlcollect.collector.rollouts.RolloutBuilder`
-and a :class:`~rlcollect.collector.rollouts.RoundGate` decides when slots go back: a
+The loop sees its builder only as a :class:`~rlcollect.collector.builder.ChunkBuilder`:
+a :class:`~rlcollect.collector.batches.BatchBuilder`, or on-policy (``rollouts.py``) a
+:class:`~rlcollect.collector.rollouts.RolloutBuilder`, where a
+:class:`~rlcollect.collector.rollouts.RoundGate` decides when slots go back: a
 batch's round starts when the batch is asked for, and the copied slots are held until
 the next one is. Inside a round only shutdown is checked, never a pause: an update
 waits for the round's end, and a pause held inside it would wait for that update.
@@ -36,6 +38,7 @@ from collections.abc import Callable
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import POLL, Background, Throttle
 from rlcollect.collector.batches import BatchBuilder
+from rlcollect.collector.builder import ChunkBuilder
 from rlcollect.collector.episodes import EpisodeStats
 from rlcollect.collector.plan import Plan
 from rlcollect.collector.restarts import WorkerRestarts
@@ -56,7 +59,7 @@ class ChunkLoop:
     def __init__(
         self,
         end: ServerEnd,
-        builder: BatchBuilder | RolloutBuilder,
+        builder: ChunkBuilder,
         restarts: WorkerRestarts | None,
         server: InferenceBackend,
         background: Background,
@@ -93,7 +96,7 @@ class ChunkLoop:
                 list(plan.specs),
                 num_envs=plan.num_envs,
             )
-        builder: BatchBuilder | RolloutBuilder
+        builder: ChunkBuilder
         gate = None
         if plan.on_policy:
             builder = RolloutBuilder(

@@ -36,24 +36,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
-import torch
 
-from rlcollect._tensordict import TensorDict
+from rlcollect.collector.builder import ChunkBuilder
 from rlcollect.errors import CollectorError
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.transports.base import ServerEnd
-from rlcollect.transports.layout import Field, Key, RingLayout
+from rlcollect.transports.layout import Key, RingLayout
 
 __all__ = ["RolloutBuilder", "RoundGate"]
 
 _POLL = 0.1  # seconds between checks while waiting (errors, shutdown)
 
 
-class RolloutBuilder:
+class RolloutBuilder(ChunkBuilder):
     """Copies each worker's round into the ``[num_envs, T]`` batch being built."""
 
     def __init__(
@@ -64,34 +62,20 @@ class RolloutBuilder:
         num_envs: int,
         total_frames: int,
     ) -> None:
-        self._fields: tuple[Field, ...] = layout.fields
-        self._ring = ring
-        self._steps = layout.chunk_steps
+        super().__init__(layout, ring)
         self._k = layout.envs_per_worker
         self._num_envs = num_envs
         self._workers = layout.num_workers
         # Batches still to build: total_frames is a multiple of frames_per_batch (checked).
         per_batch = num_envs * layout.chunk_steps
         self._remaining = -1 if total_frames < 0 else total_frames // per_batch
-        self._ready: deque[TensorDict] = deque()
-        self._arrays: dict[Key, np.ndarray] = {}
-        self._tensors: dict[Key, torch.Tensor] = {}
         self._copied = 0
         self._new_batch()
-
-    @property
-    def ready(self) -> int:
-        """Number of finished batches waiting to be taken."""
-        return len(self._ready)
 
     @property
     def exhausted(self) -> bool:
         """True once every batch of ``total_frames`` has been built."""
         return self._remaining == 0
-
-    def pop(self) -> TensorDict:
-        """The oldest finished batch."""
-        return self._ready.popleft()
 
     def add_chunk(self, worker: int, slot: int) -> None:
         """Copy worker ``worker``'s round (slot ``slot``) into its rows of the batch."""
@@ -113,31 +97,14 @@ class RolloutBuilder:
             np.take(src, order, axis=0, out=self._arrays[field.key][rows], mode="clip")
         self._copied += 1
         if self._copied == self._workers:
-            self._finish()
+            self._queue((self._num_envs, self._steps))
+            if self._remaining > 0:
+                self._remaining -= 1
+            self._new_batch()
 
     def _new_batch(self) -> None:
         self._copied = 0
-        if self._remaining == 0:
-            self._tensors, self._arrays = {}, {}
-            return
-        n = self._num_envs * self._steps
-        self._tensors = {
-            f.key: torch.from_numpy(np.empty((n, *f.shape), dtype=f.dtype)) for f in self._fields
-        }
-        self._arrays = {key: t.numpy() for key, t in self._tensors.items()}
-
-    def _finish(self) -> None:
-        tensors = self._tensors
-        done = tensors[("next", "terminated")] | tensors[("next", "truncated")]
-        shape = (self._num_envs, self._steps)
-        td = TensorDict(batch_size=list(shape))
-        for key, value in tensors.items():
-            td.set(key, value.view(*shape, *value.shape[1:]))
-        td.set(("next", "done"), done.view(shape))
-        self._ready.append(td)
-        if self._remaining > 0:
-            self._remaining -= 1
-        self._new_batch()
+        self._allocate(0 if self._remaining == 0 else self._num_envs * self._steps)
 
 
 class RoundGate:

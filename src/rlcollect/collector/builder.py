@@ -1,0 +1,76 @@
+"""What the chunk loop fills: batches built out of the ring's chunks, handed out in order.
+
+Two builders share it: ``batches.py`` (batches of exactly ``frames_per_batch`` rows)
+and ``rollouts.py`` (on-policy ``[num_envs, T]`` rounds). ``chunks.py`` drives either
+through this interface alone: a chunk in (:meth:`ChunkBuilder.add_chunk`), finished
+batches out (:attr:`ChunkBuilder.ready`, :meth:`ChunkBuilder.pop`) until the budget is
+spent (:attr:`ChunkBuilder.exhausted`).
+
+Each batch gets tensors of its own, allocated when the previous one is handed out: the
+caller keeps a batch as long as it likes, and the ring's rows are copied once, straight
+into them.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from rlcollect._tensordict import TensorDict
+from rlcollect.transports.layout import Field, Key, RingLayout
+
+__all__ = ["ChunkBuilder"]
+
+
+class ChunkBuilder(abc.ABC):
+    """Copies chunks out of the ring into batches; finished batches wait in order."""
+
+    def __init__(self, layout: RingLayout, ring: Mapping[Key, np.ndarray]) -> None:
+        self._fields: tuple[Field, ...] = layout.fields
+        self._ring = ring
+        self._steps = layout.chunk_steps
+        self._ready: deque[TensorDict] = deque()
+        self._tensors: dict[Key, torch.Tensor] = {}  # the batch being built
+        self._arrays: dict[Key, np.ndarray] = {}  # the same memory, for numpy's copies
+
+    @property
+    def ready(self) -> int:
+        """Number of finished batches waiting to be taken."""
+        return len(self._ready)
+
+    @property
+    @abc.abstractmethod
+    def exhausted(self) -> bool:
+        """True once ``total_frames`` are all in batches, finished or being filled."""
+
+    def pop(self) -> TensorDict:
+        """The oldest finished batch."""
+        return self._ready.popleft()
+
+    @abc.abstractmethod
+    def add_chunk(self, worker: int, slot: int) -> None:
+        """Copy chunk ``slot`` of ``worker`` out of the ring (the slot may be reused after)."""
+
+    def _allocate(self, rows: int) -> None:
+        """Fresh tensors of ``rows`` rows for the next batch; none once the budget is spent."""
+        if rows == 0:
+            self._tensors, self._arrays = {}, {}
+            return
+        self._tensors = {
+            f.key: torch.from_numpy(np.empty((rows, *f.shape), dtype=f.dtype)) for f in self._fields
+        }
+        self._arrays = {key: t.numpy() for key, t in self._tensors.items()}
+
+    def _queue(self, shape: tuple[int, ...]) -> None:
+        """Queue the batch built (its rows viewed as ``shape``), with ``("next", "done")``."""
+        tensors = self._tensors
+        done = tensors[("next", "terminated")] | tensors[("next", "truncated")]
+        td = TensorDict(batch_size=list(shape))
+        for key, value in tensors.items():
+            td.set(key, value.view(*shape, *value.shape[1:]))
+        td.set(("next", "done"), done.view(shape))
+        self._ready.append(td)
