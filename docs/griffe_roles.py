@@ -8,7 +8,9 @@ is parsed:
 * A role naming an rlcollect object becomes a cross-reference to that object's
   canonical path (a name is first looked up in the docstring's own scope, as Python
   would: members, then the module's names and imports). It links to the object's entry
-  in the API reference, and shows as plain code where the reference has none. A role
+  in the API reference, and shows as plain code where the reference has none. A member
+  the class inherits links to the class's own entry for it (the collectors' pages show
+  inherited members): its canonical path would be shown under every subclass. A role
   naming nothing that exists (a renamed or misspelt name) becomes a reference the
   build cannot resolve, which fails the strict build. A role naming another library's
   object (``tensordict.TensorDict``) becomes inline code: the site links no other
@@ -93,6 +95,9 @@ def _resolve(
 ) -> tuple[str, bool] | None:
     """Canonical path of ``target`` and whether that object exists; None for another
     library's object. A name that cannot be resolved comes back as written."""
+    inherited = _inherited(target, scope)
+    if inherited is not None:
+        return inherited, True
     first, _, rest = target.partition(".")
     if first != _PACKAGE:
         try:
@@ -109,6 +114,16 @@ def _resolve(
         return str(loader.modules_collection[path].canonical_path), True
     except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
         return path, False
+
+
+def _inherited(target: str, scope: griffe.Object) -> str | None:
+    """``target``'s path under the class of ``scope`` when that class inherits it."""
+    cls = scope if scope.is_class else scope.parent
+    if cls is None or not cls.is_class:
+        return None
+    if target.partition(".")[0] not in cls.inherited_members:
+        return None
+    return f"{cls.path}.{target}"
 
 
 def _literal_blocks(text: str) -> str:

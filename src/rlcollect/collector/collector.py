@@ -15,42 +15,40 @@ The collector is a façade over its parts, each in a module of its own:
 * the transport (``transports/``) runs the workers; ``inference/backend.py`` starts the
   inference server, in this process or in its own;
 * ``chunks.py``: chunks into exact batches, worker restarts (``restarts.py``);
-* ``background.py``: the background thread, pause, and the ``train_ratio`` throttle.
+* ``background.py``: the background thread, pause, and the ``train_ratio`` throttle;
+* ``facade.py``: iteration, ``start``/``join``/``pause``/``shutdown``, shared with
+  ``RayCollector``.
 
 Every argument is described in ``docs/usage.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import resource
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.background import Background, wait_to_sample
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.chunks import ChunkLoop
+from rlcollect.collector.facade import CollectorFacade
 from rlcollect.collector.plan import plan_collection
 from rlcollect.errors import CollectorError
 from rlcollect.inference.backend import start_backend
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.replay.counting import CountsSamples
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
 __all__ = ["AsyncBatchedCollector"]
 
-_JOIN_TIMEOUT = 10.0  # seconds shutdown() waits for the background thread's last write
 
-
-class AsyncBatchedCollector:
+class AsyncBatchedCollector(CollectorFacade):
     """Collects transitions from many envs with one batched policy, asynchronously.
 
     Iterating yields :class:`tensordict.TensorDict` batches of exactly
@@ -209,12 +207,11 @@ class AsyncBatchedCollector:
         on_policy: bool = False,
         info_keys: Sequence[str] = (),
     ) -> None:
-        self._closed = True  # until everything is up: shutdown() must work at any point
+        super().__init__()
         self._transport: Transport | None = None
         self.server: InferenceBackend | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._shutdown_lock = threading.Lock()
-        self._background = Background()
         plan = plan_collection(
             env_fns,
             policy,
@@ -284,113 +281,30 @@ class AsyncBatchedCollector:
         # part holds a reference back to the collector, so refcounting alone frees it.
         self._finalizer = weakref.finalize(self, _shutdown_parts, plan.transport, self.server)
         self._chunks = ChunkLoop.for_plan(plan, end, self.server, self._background)
+        self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
 
-    # ------------------------------------------------------------------ iteration
-
-    def __iter__(self) -> AsyncBatchedCollector:
-        return self
-
-    def __next__(self) -> TensorDict:
-        self._background.raise_error()
-        with self._background.iterating():
-            try:
-                batch = self._produce()
-            except BaseException:
-                self.shutdown()
-                raise
-        if batch is None:
-            self.shutdown()
-            raise StopIteration
-        return batch
-
-    def _produce(self) -> TensorDict | None:
-        """The next batch, already written to the replay buffer; None once the budget is met."""
-        if self._closed:
-            if self.total_frames != -1 and self._chunks.frames >= self.total_frames:
-                return None
-            raise CollectorError("the collector is shut down")
-        # Even after the last batch the collector stays up until the next call finds the
-        # budget met: the caller may still push weights for that batch.
-        return self._chunks.produce()
-
-    # ------------------------------------------------------------------ background
-
-    def start(self) -> None:
-        """Collect into the replay buffer in a background thread until ``total_frames``
-        are written or :meth:`shutdown`; its error is raised at the caller's next call.
-
-        Raises:
-            CollectorError: without a ``replay_buffer``, when already started or shut
-                down; the background error if an earlier collection failed.
-
-        Example: ``docs/usage.md``, *Background collection*.
-        """
-        self._background.raise_error()
-        if self._closed:
-            raise CollectorError("the collector is shut down")
-        if self._replay_buffer is None:
-            raise CollectorError(
-                "start() collects into the replay buffer, and this collector has none: "
-                "pass replay_buffer= or iterate over the collector instead"
-            )
-        if self._background.started:
-            raise CollectorError("the collector is already collecting in the background")
-        self._background.start(self._produce, self._release_parts)
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no limit) for background collection to
-        end; True once it has, False if the time ran out first.
-
-        Raises:
-            CollectorError: when :meth:`start` was not called; the background error if
-                collection failed.
-        """
-        if not self._background.started:
-            raise CollectorError("join() waits for background collection; call start() first")
-        return self._background.join(timeout)
-
-    def wait_to_sample(self, timeout: float | None = None) -> bool:
-        """The learner's wait in background collection: True once it may sample (with a
-        ``train_ratio``: while it has sampled less than its share of the rows collected;
-        without: once the buffer holds a row); False if ``timeout`` seconds pass first,
-        or collection has ended and nothing is left to sample (:attr:`background_done`
-        tells which). Example: ``docs/off-policy.md``, *Train ratio*.
-
-        Raises:
-            CollectorError: before :meth:`start`; the background error.
-        """
-        self._background.raise_error()
-        if not self._background.started:
-            raise CollectorError("wait_to_sample() waits for background collection; call start()")
-        if not isinstance(self._replay_buffer, CountsSamples):
-            raise CollectorError(
-                "wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer or a buffer "
-                "that counts its rows (rlcollect.replay.CountingBuffer)"
-            )
-        return wait_to_sample(self._background, self._replay_buffer, self._chunks.throttle, timeout)
+    # ------------------------------------------------------------------ for the façade
 
     @property
-    def background_done(self) -> bool:
-        """Whether background collection has ended (budget met, failed or shut down);
-        never waits or raises (a failure is raised by the next call into the collector)."""
-        return self._background.finished.is_set()
+    def _frames(self) -> int:
+        return self._chunks.frames
 
-    @contextlib.contextmanager
-    def pause(self, timeout: float = 10.0) -> Iterator[None]:
-        """Hold collection at a quiet point for the ``with`` block: no batch is written
-        and no inference batch runs, a consistent moment for a checkpoint.
+    def _next_batch(self) -> TensorDict | None:
+        return self._chunks.produce()
 
-        Raises:
-            CollectorError: when shut down or already paused, or when the quiet point is
-                not reached within ``timeout`` seconds.
+    def _pausable(self) -> InferenceBackend | None:
+        return self.server
 
-        Example: ``docs/usage.md``, *Background collection*.
-        """
-        self._background.raise_error()
-        if self._closed or self.server is None:
-            raise CollectorError("the collector is shut down")
-        with self._background.paused(self.server, timeout):
-            yield
+    def _release(self) -> None:
+        with self._shutdown_lock:
+            if self._closed and self._transport is None:
+                return
+            self._closed = True
+            server, transport = self.server, self._transport
+            self._transport = None
+        _shutdown_parts(transport, server)
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     # ------------------------------------------------------------------ control
 
@@ -439,63 +353,21 @@ class AsyncBatchedCollector:
             CollectorError: the background error, if background collection failed.
         """
         self._background.raise_error()
-        elapsed = time.perf_counter() - self._started
-        cpu = time.process_time() - self._cpu_started
         frames = self._chunks.frames
         out: dict[str, Any] = {
             "frames": frames,
             "worker_restarts": 0 if self._chunks.restarts is None else self._chunks.restarts.count,
             "batches": self._chunks.batches,
-            "seconds": elapsed,
-            "frames_per_second": frames / elapsed if elapsed > 0 else 0.0,
-            "driver_cpu_ms_per_frame": 1e3 * cpu / frames if frames else 0.0,
+            **self._throughput(frames),
             "consumer_wait_seconds": self._chunks.wait_seconds,
             "policy_version": self.policy_version,
             "episodes": self._chunks.episodes.stats(),
         }
-        if self._chunks.throttle is not None:
-            out.update(self._chunks.throttle.stats(frames))
+        if self._throttle is not None:
+            out.update(self._throttle.stats(frames))
         if self.server is not None:
             out["server"] = self.server.stats()
         return out
-
-    def shutdown(self) -> None:
-        """Stop background collection, the server and the workers; free shared memory.
-        Idempotent; the ``with`` block, the end of iteration and garbage collection call it.
-
-        Raises:
-            CollectorError: the background error, if collection failed and it was not
-                raised yet.
-
-        Example: ``docs/usage.md``, *Shutting down*.
-        """
-        self._background.stop(_JOIN_TIMEOUT)
-        self._release_parts()
-        self._background.raise_error()
-
-    def _release_parts(self) -> None:
-        with self._shutdown_lock:
-            if self._closed and self._transport is None:
-                return
-            self._closed = True
-            server, transport = self.server, self._transport
-            self._transport = None
-        _shutdown_parts(transport, server)
-        if self._finalizer is not None:
-            self._finalizer.detach()
-
-    def __enter__(self) -> AsyncBatchedCollector:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        try:
-            self.shutdown()
-        except BaseException as error:
-            if exc is None:
-                raise
-            exc.add_note(f"rlcollect: background collection had failed too: {error!r}")
 
 
 def _shutdown_parts(transport: Transport | None, server: InferenceBackend | None) -> None:

@@ -28,19 +28,18 @@ The parts, each in a module of its own:
 * ``rows.py``: batches as numpy columns; ``failures.py``: remote errors by name.
 
 Iteration, background collection (``start``/``join``/``pause``, the ``train_ratio``
-throttle) and the replay buffer work as on the local collector, reusing its
-``collector/background.py``; the budget is the driver's alone: the actors collect
-endlessly and are stopped when it is met.
+throttle) and the replay buffer work as on the local collector: both are a
+``collector/facade.py`` over ``collector/background.py``. The budget is the driver's
+alone: the actors collect endlessly and are stopped when it is met.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -48,7 +47,8 @@ import torch
 
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector import checks
-from rlcollect.collector.background import POLL, Background, Throttle, wait_to_sample
+from rlcollect.collector.background import POLL, Throttle
+from rlcollect.collector.facade import CollectorFacade
 from rlcollect.distributed import plan
 from rlcollect.distributed.actor import CollectorActor
 from rlcollect.distributed.assembly import Assembler
@@ -56,17 +56,15 @@ from rlcollect.distributed.failures import Failure
 from rlcollect.distributed.fleet import CONTROL_THREADS, IN_FLIGHT, Fleet, Lost, Member, Starting
 from rlcollect.errors import CollectorError
 from rlcollect.inference.server import check_weights
-from rlcollect.replay.buffer import ReplayBuffer
 from rlcollect.replay.sink import SupportsExtend
 
 __all__ = ["RayCollector"]
 
 START_TIMEOUT_S = 300.0  # seconds the actors may take to be placed and build their collectors
 _CONTROL_TIMEOUT_S = 30.0  # seconds an actor may take to answer stats() or resume()
-_JOIN_TIMEOUT = 10.0  # seconds shutdown() waits for the background thread
 
 
-class RayCollector:
+class RayCollector(CollectorFacade):
     """Collects from envs spread over the nodes of a Ray cluster, one
     :class:`~rlcollect.AsyncBatchedCollector` per Ray actor, in exact batches.
 
@@ -128,11 +126,10 @@ class RayCollector:
         max_collector_restarts: int = 0,
         **collector_kwargs: Any,
     ) -> None:
-        self._closed = True  # until everything is up: shutdown() must work at any point
+        super().__init__()
         self._fleet: Fleet | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._shutdown_lock = threading.Lock()
-        self._background = Background()
         fns = plan.check_arguments(
             env_fns,
             policy,
@@ -205,46 +202,30 @@ class RayCollector:
         self._assembler = Assembler(frames_per_batch, total_frames)
         learning_starts = driver_kwargs.get("learning_starts", 0)
         self._throttle = None if throttle is None else Throttle(*throttle, learning_starts)
-        self._frames = self._batches = 0
+        self._delivered = self._batches = 0
         self._wait_seconds = 0.0
 
-    # ------------------------------------------------------------------ iteration
+    # ------------------------------------------------------------------ for the façade
 
-    def __iter__(self) -> RayCollector:
-        return self
+    @property
+    def _frames(self) -> int:
+        return self._delivered
 
-    def __next__(self) -> TensorDict:
-        self._background.raise_error()
-        with self._background.iterating():
-            try:
-                batch = self._produce()
-            except BaseException:
-                self.shutdown()
-                raise
-        if batch is None:
-            self.shutdown()
-            raise StopIteration
-        return batch
-
-    def _produce(self) -> TensorDict | None:
-        """The next batch, already written to the replay buffer; None once the budget is met."""
-        if self._closed or self._fleet is None:
-            if self.total_frames != -1 and self._frames >= self.total_frames:
-                return None
-            raise CollectorError("the collector is shut down")
-        batch = self._next_batch()
+    def _next_batch(self) -> TensorDict | None:
+        batch = self._assemble()
         if batch is None:
             return None
         if self._throttle is not None:
-            self._throttle.wait(self._frames, self._background.quiet_point)
+            self._throttle.wait(self._delivered, self._background.quiet_point)
         self._background.quiet_point()
         if self._replay_buffer is not None:
             self._replay_buffer.extend(batch)
-        self._frames += batch.batch_size[0]
+        self._delivered += batch.batch_size[0]
         self._batches += 1
         return batch
 
-    def _next_batch(self) -> TensorDict | None:
+    def _assemble(self) -> TensorDict | None:
+        """The next exact batch out of the actors' rows; None once the budget is met."""
         assembler, fleet = self._assembler, self._fleet
         assert fleet is not None
         if assembler.exhausted:
@@ -254,78 +235,23 @@ class RayCollector:
             self._background.quiet_point()
             wanted = None
             if self.total_frames != -1:
-                wanted = self.total_frames - self._frames - assembler.queued
+                wanted = self.total_frames - self._delivered - assembler.queued
             for rows in fleet.poll(POLL, wanted):
                 assembler.add(rows)
         self._wait_seconds += time.perf_counter() - t0
         return assembler.pop()
 
-    # ------------------------------------------------------------------ background
+    def _pausable(self) -> _Everyone | None:
+        return None if self._fleet is None else _Everyone(self._fleet)
 
-    def start(self) -> None:
-        """Collect into the replay buffer in a background thread until ``total_frames``
-        are written or :meth:`shutdown`; as ``AsyncBatchedCollector.start``.
-
-        Raises:
-            CollectorError: without a ``replay_buffer``, when already started or shut
-                down; the background error if an earlier collection failed.
-        """
-        self._background.raise_error()
-        if self._closed:
-            raise CollectorError("the collector is shut down")
-        if self._replay_buffer is None:
-            raise CollectorError(
-                "start() collects into the replay buffer, and this collector has none: "
-                "pass replay_buffer= or iterate over the collector instead"
-            )
-        if self._background.started:
-            raise CollectorError("the collector is already collecting in the background")
-        self._background.start(self._produce, self._release)
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no limit) for background collection to
-        end; True once it has, False if the time ran out first.
-
-        Raises:
-            CollectorError: when :meth:`start` was not called; the background error.
-        """
-        if not self._background.started:
-            raise CollectorError("join() waits for background collection; call start() first")
-        return self._background.join(timeout)
-
-    def wait_to_sample(self, timeout: float | None = None) -> bool:
-        """As ``AsyncBatchedCollector.wait_to_sample``: True once the learner may sample.
-
-        Raises:
-            CollectorError: before :meth:`start`; the background error.
-        """
-        self._background.raise_error()
-        if not self._background.started:
-            raise CollectorError("wait_to_sample() waits for background collection; call start()")
-        if not isinstance(self._replay_buffer, ReplayBuffer):
-            raise CollectorError("wait_to_sample() needs replay_buffer= an rlcollect.ReplayBuffer")
-        return wait_to_sample(self._background, self._replay_buffer, self._throttle, timeout)
-
-    @property
-    def background_done(self) -> bool:
-        """Whether background collection has ended (budget met, failed or shut down)."""
-        return self._background.finished.is_set()
-
-    @contextlib.contextmanager
-    def pause(self, timeout: float = 10.0) -> Iterator[None]:
-        """Hold collection at a quiet point for the ``with`` block: no batch is written
-        in the driver, and every collector holds its inference server between batches
-        once the batch it was making is finished.
-
-        Raises:
-            CollectorError: when shut down or already paused, or when a collector does
-                not reach its quiet point within ``timeout`` seconds.
-        """
-        self._background.raise_error()
-        if self._closed or self._fleet is None:
-            raise CollectorError("the collector is shut down")
-        with self._background.paused(_Everyone(self._fleet), timeout):
-            yield
+    def _release(self) -> None:
+        with self._shutdown_lock:
+            if self._closed and self._finalizer is None:
+                return
+            self._closed = True
+            finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer()  # Fleet.shutdown, once
 
     # ------------------------------------------------------------------ control
 
@@ -370,15 +296,11 @@ class RayCollector:
             CollectorError: the background error, if background collection failed.
         """
         self._background.raise_error()
-        elapsed = time.perf_counter() - self._started
-        cpu = time.process_time() - self._cpu_started
-        frames = self._frames
+        frames = self._delivered
         out: dict[str, Any] = {
             "frames": frames,
             "batches": self._batches,
-            "seconds": elapsed,
-            "frames_per_second": frames / elapsed if elapsed > 0 else 0.0,
-            "driver_cpu_ms_per_frame": 1e3 * cpu / frames if frames else 0.0,
+            **self._throughput(frames),
             "consumer_wait_seconds": self._wait_seconds,
             "policy_version": self.policy_version,
             "collector_restarts": 0 if self._fleet is None else self._fleet.restarts,
@@ -408,41 +330,6 @@ class RayCollector:
         out["worker_restarts"] = sum(c.get("worker_restarts", 0) for c in collectors)
         out["collectors"] = collectors
         return out
-
-    def shutdown(self) -> None:
-        """Stop background collection and every collector actor (their workers and
-        shared memory with them). Idempotent; the ``with`` block, the end of iteration
-        and garbage collection call it.
-
-        Raises:
-            CollectorError: the background error, if collection failed and it was not
-                raised yet.
-        """
-        self._background.stop(_JOIN_TIMEOUT)
-        self._release()
-        self._background.raise_error()
-
-    def _release(self) -> None:
-        with self._shutdown_lock:
-            if self._closed and self._finalizer is None:
-                return
-            self._closed = True
-            finalizer, self._finalizer = self._finalizer, None
-        if finalizer is not None:
-            finalizer()  # Fleet.shutdown, once
-
-    def __enter__(self) -> RayCollector:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        try:
-            self.shutdown()
-        except BaseException as error:
-            if exc is None:
-                raise
-            exc.add_note(f"rlcollect: background collection had failed too: {error!r}")
 
 
 def _on_cpu(policy: torch.nn.Module | None) -> torch.nn.Module | None:
