@@ -3,6 +3,7 @@ reaches the caller within a bounded wait, every worker stops, nothing hangs."""
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -14,38 +15,33 @@ from rlcollect.transports import ProcessSlotTransport, ThreadQueueTransport
 _BOUND = 10.0  # seconds: far above the ~0.1 s the error takes; only a hang reaches it
 
 
-class ShapeShifter(CountingPolicy):
-    """From its ``at``-th call on, returns a ``value`` of another shape than at
-    construction: the policy call itself succeeds, the server's scatter refuses it."""
+class TurnsAfter(CountingPolicy):
+    """From its ``at``-th call on, returns its output passed through ``change``: the policy
+    call itself succeeds, but what it returns is no longer what was probed at construction."""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, change: Callable[[dict[str, torch.Tensor]], None]) -> None:
         super().__init__()
         self.calls = 0
         self.at = at
+        self.change = change
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         out = super().forward(obs)
         self.calls += 1
         if self.calls >= self.at:
-            out["value"] = out["value"][:, None].expand(-1, 3)
+            self.change(out)
         return out
 
 
-class TypeShifter(CountingPolicy):
-    """From its ``at``-th call on, returns float actions (the same numbers plus a half),
-    where it returned integers at construction: a cast would truncate them quietly."""
+def wider_value(out: dict[str, torch.Tensor]) -> None:
+    """A ``value`` of another shape: the server's scatter refuses it."""
+    out["value"] = out["value"][:, None].expand(-1, 3)
 
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.calls = 0
-        self.at = at
 
-    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = super().forward(obs)
-        self.calls += 1
-        if self.calls >= self.at:
-            out["action"] = out["action"].double() + 0.5
-        return out
+def float_action(out: dict[str, torch.Tensor]) -> None:
+    """Float actions (the same numbers plus a half) where they were integers: a cast
+    would truncate them quietly."""
+    out["action"] = out["action"].double() + 0.5
 
 
 def respond_raising_after(base, calls):
@@ -89,10 +85,20 @@ def first_error_within_bound(c):
     return out["error"]
 
 
-def test_output_that_breaks_the_scatter_reaches_the_caller(transport):
+@pytest.mark.parametrize(
+    ("change", "cause", "message"),
+    [
+        (wider_value, ValueError, "policy output ('value',) has shape (3,) per env, but it had ()"),
+        (float_action, TypeError, "policy output ('action',) is float64 now, but it was int64"),
+    ],
+    ids=["shape", "dtype"],
+)
+def test_output_that_changes_after_construction_reaches_the_caller_named(
+    transport, change, cause, message
+):
     c = AsyncBatchedCollector(
         counting_envs(3),
-        ShapeShifter(at=5),
+        TurnsAfter(5, change),
         frames_per_batch=8,
         total_frames=-1,
         transport=transport,
@@ -100,23 +106,8 @@ def test_output_that_breaks_the_scatter_reaches_the_caller(transport):
     )
     error = first_error_within_bound(c)
     assert isinstance(error, InferenceError), repr(error)
-    assert "inference server failed" in str(error) and "value" in str(error), str(error)
-    check_clean(c)
-
-
-def test_output_of_another_dtype_reaches_the_caller_named(transport):
-    c = AsyncBatchedCollector(
-        counting_envs(3),
-        TypeShifter(at=5),
-        frames_per_batch=8,
-        total_frames=-1,
-        transport=transport,
-        policy_device="cpu",
-    )
-    error = first_error_within_bound(c)
-    assert isinstance(error, InferenceError), repr(error)
-    assert isinstance(error.__cause__, TypeError)
-    assert "policy output ('action',) is float64 now, but it was int64" in str(error), str(error)
+    assert isinstance(error.__cause__, cause), repr(error.__cause__)
+    assert "inference server failed" in str(error) and message in str(error), str(error)
     check_clean(c)
 
 
