@@ -10,11 +10,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
+from envs import counting_vector
 from tensordict import TensorDict
 
 from rlcollect import AsyncBatchedCollector
+from rlcollect.inference.policy import PolicyRunner
 from rlcollect.testing import EPISODE, LAST_ACTION, STEP, CountingEnv, episode_length
+from rlcollect.transports.layout import Field
 
 
 class CountingPolicy(torch.nn.Module):
@@ -125,6 +129,60 @@ def check_counting_streams(data: TensorDict, num_actions: int = 5) -> None:
         # ... and at its end the true final one (same episode, one step on), never a reset
         assert torch.equal(n[last][:, EPISODE], o[last][:, EPISODE])
         assert torch.equal(n[last][:, STEP], o[last][:, STEP] + 1)
+
+
+def check_restarted_streams(data: TensorDict, *, counting_policy: bool = True) -> dict[int, int]:
+    """Per env: routed, whole (no gap, no duplicate), every episode ending with done,
+    numbered on across rebuilds (worker restarts, or a RayCollector's collector restarts).
+    With ``counting_policy`` each action is also checked to be CountingPolicy's for its
+    row's own observation (False: the caller checks the actions of its own policy).
+
+    Returns, per env, how many times it was rebuilt (its own episode count, column
+    EPISODE of its observation, starts again at 0) — each preceded by a done row.
+    """
+    obs, nxt = data["observation"], data[("next", "observation")]
+    if counting_policy:
+        expected = (obs[:, 0] * 7 + obs[:, 1] * 3 + obs[:, 2]) % 5
+        assert torch.equal(data["action"], expected), "an action came from another obs"
+    assert torch.equal(nxt[:, LAST_ACTION], data["action"]), "an env received another action"
+    assert torch.equal(data["env_index"], obs[:, 0])
+    assert torch.equal(data["step"], obs[:, STEP])
+    assert torch.equal(data[("next", "reward")], (obs[:, STEP] + 1).float())
+    term, trunc = data[("next", "terminated")], data[("next", "truncated")]
+    assert torch.equal(data[("next", "done")], term | trunc)
+    rebuilt = {}
+    for i, rows in streams(data).items():
+        ep, st, done = rows["episode"], rows["step"], rows[("next", "done")]
+        assert ep[0] == 0 and st[0] == 0, f"env {i} starts at {ep[0]}/{st[0]}"
+        follows = torch.where(
+            done[:-1],
+            (ep[1:] == ep[:-1] + 1) & (st[1:] == 0),
+            (ep[1:] == ep[:-1]) & (st[1:] == st[:-1] + 1),
+        )
+        assert bool(follows.all()), f"env {i} stream has a gap, a duplicate or an unended episode"
+        o, n = rows["observation"], rows[("next", "observation")]
+        inner = ~done[:-1]
+        assert torch.equal(n[:-1][inner][:, :3], o[1:][inner][:, :3]), f"env {i} is not continuous"
+        # where the env was rebuilt, its own episode count starts again at 0
+        # (the collector numbers episodes on; the rebuilt env counts from 0 again)
+        offset = ep - o[:, EPISODE]
+        restart = offset[1:] != offset[:-1]
+        assert bool((o[1:][restart][:, EPISODE] == 0).all()), f"env {i}: no rebuild there"
+        rebuilt[i] = int(restart.sum())
+        own_ep, own_len = o[:, EPISODE], o[:, STEP] + 1
+        natural = torch.tensor(
+            [
+                s == episode_length(i, int(e))
+                for s, e in zip(own_len.tolist(), own_ep.tolist(), strict=True)
+            ]
+        )
+        t, u = rows[("next", "terminated")], rows[("next", "truncated")]
+        assert torch.equal(t, natural & (own_ep % 2 == 0)), f"env {i}: terminated is wrong"
+        # truncated: a natural odd-episode end, or the cut before a rebuild
+        cut = torch.zeros_like(u)
+        cut[:-1] = restart & ~t[:-1]
+        assert torch.equal(u, (natural & (own_ep % 2 == 1)) | cut), f"env {i}: truncated is wrong"
+    return rebuilt
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
@@ -288,6 +346,52 @@ def check_recurrent_streams(data: TensorDict, *, stored: bool = True) -> None:
     assert torch.equal(seen, torch.where(step == 0, -1, env)), "a state came from another env"
 
 
+def check_state_kept_across_updates(
+    collector: AsyncBatchedCollector,
+    policy: RecurrentCountingPolicy,
+    *,
+    batches: int,
+    min_version: int,
+) -> TensorDict:
+    """``batches`` batches of ``collector`` (shut down after), the policy's ``scale`` raised
+    by one and pushed after each: every state and stream holds through the version
+    changes, and each row's ``value`` shows the weights of its version. Returns the rows."""
+    with collector as c:
+        taken = []
+        for i in range(batches):
+            taken.append(next(c))
+            with torch.no_grad():
+                policy.scale.add_(1.0)
+            assert c.update_policy_weights_(policy) == i + 1
+    data = collect(taken)
+    check_counting_streams(data)
+    check_recurrent_streams(data)  # counts go on through every version change
+    versions = data["policy_version"]
+    assert int(versions.max()) >= min_version
+    assert torch.equal(data["value"], data["observation"][:, STEP].float() * (versions + 1))
+    return data
+
+
+def check_vector_sub_envs_own_their_state(
+    transport: str, autoreset_mode: str, **kwargs: Any
+) -> None:
+    """Two SyncVectorEnvs of three CountingEnvs each (``autoreset_mode``), a
+    RecurrentCountingPolicy: every sub-env's stream and state is its own. ``kwargs``
+    (the policy's device and path) go to the collector."""
+    fns = [functools.partial(counting_vector, 3 * i, 3, autoreset_mode) for i in range(2)]
+    with AsyncBatchedCollector(
+        fns,
+        RecurrentCountingPolicy(),
+        frames_per_batch=30,
+        total_frames=900,
+        transport=transport,
+        **kwargs,
+    ) as c:
+        data = collect(c)
+    check_counting_streams(data)
+    check_recurrent_streams(data)
+
+
 class TaggedPolicy(CountingPolicy):
     """A CountingPolicy that also outputs its weight ``tag`` on every row: a row's ``tag``
     says which weights computed its action, independently of ``policy_version``."""
@@ -309,3 +413,54 @@ def check_episode_figures(data: TensorDict) -> None:
     assert torch.equal(data[("next", "episode_length")], length)
     expected = (length * (length + 1) // 2).to(torch.float32)
     assert torch.equal(data[("next", "episode_return")], expected)
+
+
+# ---------------------------------------------------------------- the GPU tests' set-up
+
+# The pytestmark of a module whose every test needs a GPU: ``-m cuda`` selects them, and
+# they are skipped where CUDA is absent.
+CUDA_ONLY = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+# The ways a policy can run on the GPU: collector keyword arguments, by name.
+CUDA_MODES: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "graph": {"cuda_graph": True},
+    "compiled": {"compile": True},
+    "compiled+graph": {"compile": True, "cuda_graph": True},
+}
+
+
+def cuda_collector(
+    transport: str = "process_slots",
+    policy: torch.nn.Module | None = None,
+    n: int = 6,
+    **kwargs: Any,
+) -> AsyncBatchedCollector:
+    """A counting_collector with its policy on the GPU: 1200 frames in batches of 60
+    unless ``kwargs`` say otherwise."""
+    kwargs.setdefault("frames_per_batch", 60)
+    kwargs.setdefault("total_frames", 1200)
+    return counting_collector(transport, policy, n, policy_device="cuda", **kwargs)
+
+
+def plain_runner(policy: torch.nn.Module, device: torch.device) -> PolicyRunner:
+    """A runner of ``policy``, moved to ``device``, that is called with the observation
+    tensor itself (a plain, not a dict, observation)."""
+    return PolicyRunner(policy.to(device), device=device, observation_paths=((),))
+
+
+def step_fields(
+    observation: tuple[tuple[int, ...], Any],
+    outputs: dict[tuple[str, ...], tuple[tuple[int, ...], Any]],
+) -> tuple[dict[tuple[str, ...], Field], dict[tuple[str, ...], Field]]:
+    """The fields of an action step (a ``DeviceStep`` or ``build_action_step``) over a
+    plain observation of ``(shape, dtype)``: the observation, and as outputs ``action``
+    (int64 scalars) and ``outputs`` (key: ``(shape, dtype)``)."""
+    shape, dtype = observation
+    inputs = {(): Field(("observation",), shape, np.dtype(dtype))}
+    fields = {("action",): Field(("action",), (), np.dtype(np.int64))}
+    fields.update({key: Field(key, s, np.dtype(d)) for key, (s, d) in outputs.items()})
+    return inputs, fields

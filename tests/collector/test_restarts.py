@@ -12,11 +12,18 @@ import warnings
 import pytest
 import torch
 from envs import CrashOnce, counting_vector
-from helpers import CountingPolicy, check_clean, counting_envs, process_gone, streams, wait_until
+from helpers import (
+    CountingPolicy,
+    check_clean,
+    check_restarted_streams,
+    counting_envs,
+    process_gone,
+    wait_until,
+)
 
 from rlcollect import AsyncBatchedCollector, CollectorError, WorkerError
 from rlcollect.errors import WorkerRestartWarning
-from rlcollect.testing import EPISODE, LAST_ACTION, STEP, CountingEnv, episode_length
+from rlcollect.testing import CountingEnv
 from rlcollect.transports import Transport
 
 
@@ -40,56 +47,6 @@ def collect_past_restarts(c, restarts, rows_after=20, limit=2000):
                 break
         assert len(batches) < limit, f"only {c.stats()['worker_restarts']} restarts happened"
     return torch.cat(batches)
-
-
-def check_restarted_streams(data):
-    """Per env: routed, whole (no gap, no duplicate), every episode ending with done.
-
-    Returns, per env, how many times it was rebuilt (its own episode count, column
-    EPISODE of its observation, starts again at 0) — each preceded by a done row.
-    """
-    obs, nxt = data["observation"], data[("next", "observation")]
-    expected = (obs[:, 0] * 7 + obs[:, 1] * 3 + obs[:, 2]) % 5
-    assert torch.equal(data["action"], expected), "an action came from another obs"
-    assert torch.equal(nxt[:, LAST_ACTION], data["action"]), "an env received another action"
-    assert torch.equal(data["env_index"], obs[:, 0])
-    assert torch.equal(data["step"], obs[:, STEP])
-    assert torch.equal(data[("next", "reward")], (obs[:, STEP] + 1).float())
-    term, trunc = data[("next", "terminated")], data[("next", "truncated")]
-    assert torch.equal(data[("next", "done")], term | trunc)
-    rebuilt = {}
-    for i, rows in streams(data).items():
-        ep, st, done = rows["episode"], rows["step"], rows[("next", "done")]
-        assert ep[0] == 0 and st[0] == 0, f"env {i} starts at {ep[0]}/{st[0]}"
-        follows = torch.where(
-            done[:-1],
-            (ep[1:] == ep[:-1] + 1) & (st[1:] == 0),
-            (ep[1:] == ep[:-1]) & (st[1:] == st[:-1] + 1),
-        )
-        assert bool(follows.all()), f"env {i} stream has a gap, a duplicate or an unended episode"
-        o, n = rows["observation"], rows[("next", "observation")]
-        inner = ~done[:-1]
-        assert torch.equal(n[:-1][inner][:, :3], o[1:][inner][:, :3]), f"env {i} is not continuous"
-        # where the env was rebuilt, its own episode count starts again at 0
-        # (the collector numbers episodes on; the rebuilt env counts from 0 again)
-        offset = ep - o[:, EPISODE]
-        restart = offset[1:] != offset[:-1]
-        assert bool((o[1:][restart][:, EPISODE] == 0).all()), f"env {i}: no rebuild there"
-        rebuilt[i] = int(restart.sum())
-        own_ep, own_len = o[:, EPISODE], o[:, STEP] + 1
-        natural = torch.tensor(
-            [
-                s == episode_length(i, int(e))
-                for s, e in zip(own_len.tolist(), own_ep.tolist(), strict=True)
-            ]
-        )
-        t, u = rows[("next", "terminated")], rows[("next", "truncated")]
-        assert torch.equal(t, natural & (own_ep % 2 == 0)), f"env {i}: terminated is wrong"
-        # truncated: a natural odd-episode end, or the cut before a rebuild
-        cut = torch.zeros_like(u)
-        cut[:-1] = restart & ~t[:-1]
-        assert torch.equal(u, (natural & (own_ep % 2 == 1)) | cut), f"env {i}: truncated is wrong"
-    return rebuilt
 
 
 @pytest.mark.parametrize("splits", [1, 2], ids=["splits1", "splits2"])

@@ -8,37 +8,24 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    CUDA_MODES,
+    CUDA_ONLY,
     CountingPolicy,
     check_counting_streams,
     check_weight_update,
     collect,
     counting_collector,
     counting_envs,
+    cuda_collector,
+    plain_runner,
+    step_fields,
 )
 from tensordict.nn import TensorDictModule, TensorDictSequential
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import DeviceStep, buckets_for
-from rlcollect.transports.layout import Field
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
-
-MODES = {
-    "eager": {},
-    "graph": {"cuda_graph": True},
-    "compiled": {"compile": True},
-    "compiled+graph": {"compile": True, "cuda_graph": True},
-}
-
-
-def make(transport="process_slots", policy=None, n=6, **kwargs):
-    kwargs.setdefault("frames_per_batch", 60)
-    kwargs.setdefault("total_frames", 1200)
-    return counting_collector(transport, policy, n, policy_device="cuda", **kwargs)
+pytestmark = CUDA_ONLY
 
 
 class DevicePolicy(CountingPolicy):
@@ -50,16 +37,16 @@ class DevicePolicy(CountingPolicy):
         return out
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", list(CUDA_MODES))
 def test_every_mode_keeps_every_invariant(transport, mode):
-    with make(transport, DevicePolicy(), envs_per_worker=2, **MODES[mode]) as c:
+    with cuda_collector(transport, DevicePolicy(), envs_per_worker=2, **CUDA_MODES[mode]) as c:
         data = collect(c)
         stats = c.stats()["server"]
     assert data["observation"].device.type == "cpu"
     assert bool((data["on_cuda"] == 1).all())
     check_counting_streams(data)
     copies = stats["phase_seconds"]["h2d"], stats["phase_seconds"]["d2h"]
-    if MODES[mode].get("cuda_graph"):  # one replay holds the copies: timed as forward
+    if CUDA_MODES[mode].get("cuda_graph"):  # one replay holds the copies: timed as forward
         assert copies == (0, 0)
     else:
         assert min(copies) > 0
@@ -104,12 +91,8 @@ class ConvPolicy(torch.nn.Module):
 
 
 def conv_step(policy, capacity=64, **kwargs):
-    runner = PolicyRunner(policy.cuda(), device=torch.device("cuda"), observation_paths=((),))
-    obs = {(): Field(("observation",), (4, 84, 84), np.dtype(np.uint8))}
-    outputs = {
-        ("action",): Field(("action",), (), np.dtype(np.int64)),
-        ("logits",): Field(("logits",), (6,), np.dtype(np.float32)),
-    }
+    runner = plain_runner(policy, torch.device("cuda"))
+    obs, outputs = step_fields(((4, 84, 84), np.uint8), {("logits",): ((6,), np.float32)})
     return DeviceStep(runner, obs, outputs, capacity, compile_options=None, **kwargs)
 
 
@@ -158,7 +141,9 @@ def test_sampling_inside_a_graph_stays_random():
 @pytest.mark.parametrize("mode", ["graph", "compiled+graph"])
 def test_weight_updates_reach_captured_graphs(mode):
     check_weight_update(
-        lambda policy: make(policy=policy, total_frames=-1, frames_per_batch=40, **MODES[mode])
+        lambda policy: cuda_collector(
+            policy=policy, total_frames=-1, frames_per_batch=40, **CUDA_MODES[mode]
+        )
     )
 
 
@@ -172,7 +157,7 @@ class WritesItsInput(CountingPolicy):
 
 
 def test_a_policy_writing_its_input_in_place_never_reads_stale_inputs(transport):
-    with make(transport, WritesItsInput(), cuda_graph=True, total_frames=2000) as c:
+    with cuda_collector(transport, WritesItsInput(), cuda_graph=True, total_frames=2000) as c:
         data = collect(c)
     check_counting_streams(data)  # every action matches its own fresh observation
 
@@ -187,7 +172,7 @@ def test_a_tensordict_policy_overwriting_its_observation_key():
     # the second module reads the doubled observation and halves it back: the counting
     # action of the raw one, provided no replay ever reads a stale observation
     policy = TensorDictSequential(scale, act)
-    with make(policy=policy, cuda_graph=True, total_frames=2000) as c:
+    with cuda_collector(policy=policy, cuda_graph=True, total_frames=2000) as c:
         data = collect(c)
     obs = data["observation"]
     assert torch.equal(data["action"], (obs[:, 0] * 7 + obs[:, 1] * 3 + obs[:, 2]) % 5)
@@ -201,7 +186,7 @@ def test_an_uncapturable_policy_fails_at_construction_with_a_clear_error():
             return super().forward(obs)
 
     with pytest.raises(ValueError, match="capturing the action step as a CUDA graph"):
-        make(policy=Syncs(), cuda_graph=True)
+        cuda_collector(policy=Syncs(), cuda_graph=True)
 
 
 def test_gathering_on_the_device_matches_the_host_gather():
@@ -308,18 +293,9 @@ def test_the_device_gather_reads_exact_rows_of_any_field(shape, dtype, offset):
     storage = mmap.mmap(-1, offset + rows * row_bytes)
     ring = np.frombuffer(storage, dtype=dtype, offset=offset).reshape(rows, *shape)
     ring[...] = np.random.default_rng(3).integers(0, 100, ring.shape).astype(dtype)
-    runner = PolicyRunner(Echo(), device=torch.device("cuda"), observation_paths=((),))
-    step = DeviceStep(
-        runner,
-        {(): Field(("observation",), shape, item)},
-        {
-            ("action",): Field(("action",), (), np.dtype(np.int64)),
-            ("echo",): Field(("echo",), shape, item),
-        },
-        16,
-        compile_options=None,
-        cuda_graph=True,
-    )
+    obs, outputs = step_fields((shape, item), {("echo",): (shape, item)})
+    runner = plain_runner(Echo(), torch.device("cuda"))
+    step = DeviceStep(runner, obs, outputs, 16, compile_options=None, cuda_graph=True)
     step.attach({(): ring})
     assert step.gathers_on_device
     flat = np.array([39, 0, 17, 16, 5, 38, 2])
@@ -330,15 +306,17 @@ def test_the_device_gather_reads_exact_rows_of_any_field(shape, dtype, offset):
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_the_process_backend_on_the_gpu(mode):
-    with make("process_slots", DevicePolicy(), inference_backend="process", **MODES[mode]) as c:
+    with cuda_collector(
+        "process_slots", DevicePolicy(), inference_backend="process", **CUDA_MODES[mode]
+    ) as c:
         data = collect(c)
         stats = c.stats()["server"]
     assert bool((data["on_cuda"] == 1).all())
     assert stats["gathers_on_device"]
     check_counting_streams(data)
     check_weight_update(
-        lambda p: make(
-            "process_slots", p, total_frames=-1, inference_backend="process", **MODES[mode]
+        lambda p: cuda_collector(
+            "process_slots", p, total_frames=-1, inference_backend="process", **CUDA_MODES[mode]
         )
     )
 
@@ -352,7 +330,7 @@ def test_an_uncapturable_policy_fails_in_the_inference_process_with_a_clear_erro
             return out
 
     with pytest.raises(ValueError, match="the policy failed in the inference process"):
-        make("process_slots", Syncs(), inference_backend="process", cuda_graph=True)
+        cuda_collector("process_slots", Syncs(), inference_backend="process", cuda_graph=True)
 
 
 @pytest.mark.parametrize("backend", ["thread", "process"])
@@ -374,7 +352,7 @@ def test_on_policy_rollouts_with_graphs_use_one_version_per_batch(mode, backend)
         inference_backend=backend,
         envs_per_worker=2,
         worker_splits=2,
-        **MODES[mode],
+        **CUDA_MODES[mode],
     ) as c:
         batches = []
         for k, batch in enumerate(c):

@@ -16,11 +16,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from envs import CrashOnce, counting_vector
+from envs import CrashOnce
 from helpers import (
     RecurrentCountingPolicy,
     check_counting_streams,
     check_recurrent_streams,
+    check_state_kept_across_updates,
+    check_vector_sub_envs_own_their_state,
     collect,
     counting_collector,
     counting_envs,
@@ -106,18 +108,7 @@ def test_store_recurrent_state_false_leaves_the_state_out_and_keeps_is_init(tran
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
 def test_vector_env_sub_envs_each_own_their_state(transport, mode):
-    fns = [functools.partial(counting_vector, 3 * i, 3, mode) for i in range(2)]
-    with AsyncBatchedCollector(
-        fns,
-        RecurrentCountingPolicy(),
-        frames_per_batch=30,
-        total_frames=900,
-        transport=transport,
-        policy_device="cpu",
-    ) as c:
-        data = collect(c)
-    check_counting_streams(data)
-    check_recurrent_streams(data)
+    check_vector_sub_envs_own_their_state(transport, mode, policy_device="cpu")
 
 
 def test_asynchronous_vector_envs_returning_any_subset(transport):
@@ -168,21 +159,8 @@ def test_a_tensordict_module_reads_the_state_and_is_init_and_writes_next_state()
 )
 def test_the_state_is_kept_across_weight_updates(transport, backend):
     policy = RecurrentCountingPolicy()
-    with make(
-        transport, policy, total_frames=-1, frames_per_batch=16, inference_backend=backend
-    ) as c:
-        batches = []
-        for i in range(40):
-            batches.append(next(c))
-            with torch.no_grad():
-                policy.scale.add_(1.0)
-            assert c.update_policy_weights_(policy) == i + 1
-    data = collect(batches)
-    check_counting_streams(data)
-    check_recurrent_streams(data)  # counts go on through every version change
-    versions = data["policy_version"]
-    assert int(versions.max()) >= 20
-    assert torch.equal(data["value"], data["observation"][:, STEP].float() * (versions + 1))
+    c = make(transport, policy, total_frames=-1, frames_per_batch=16, inference_backend=backend)
+    data = check_state_kept_across_updates(c, policy, batches=40, min_version=20)
     # episodes that straddle an update: the count did not restart there
     straddling = 0
     for rows in streams(data).values():

@@ -8,48 +8,34 @@ an env's state: batch sizes vary here (``max_batch_size``, ``worker_splits``, se
 workers), so most batches are padded.
 """
 
-import functools
 import mmap
 
 import numpy as np
 import pytest
 import torch
-from envs import counting_vector
 from helpers import (
+    CUDA_MODES,
+    CUDA_ONLY,
     RecurrentCountingPolicy,
     check_counting_streams,
     check_recurrent_streams,
+    check_state_kept_across_updates,
+    check_vector_sub_envs_own_their_state,
     collect,
-    counting_collector,
+    cuda_collector,
+    plain_runner,
+    step_fields,
 )
 
-from rlcollect import AsyncBatchedCollector
-from rlcollect.inference import PolicyRunner, build_action_step
-from rlcollect.transports.layout import Field
+from rlcollect.inference import build_action_step
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
-
-MODES = {
-    "eager": {},
-    "graph": {"cuda_graph": True},
-    "compiled": {"compile": True},
-    "compiled+graph": {"compile": True, "cuda_graph": True},
-}
+pytestmark = CUDA_ONLY
 
 
-def make(transport="process_slots", policy=None, n=6, **kwargs):
-    kwargs.setdefault("frames_per_batch", 60)
-    kwargs.setdefault("total_frames", 1200)
-    policy = policy or RecurrentCountingPolicy()
-    return counting_collector(transport, policy, n, policy_device="cuda", **kwargs)
-
-
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", list(CUDA_MODES))
 def test_every_mode_keeps_every_state_its_env_s(transport, mode):
-    with make(transport, envs_per_worker=2, **MODES[mode]) as c:
+    policy = RecurrentCountingPolicy()
+    with cuda_collector(transport, policy, envs_per_worker=2, **CUDA_MODES[mode]) as c:
         data = collect(c)
         stats = c.stats()["server"]
     assert stats["gathers_on_device"], "the ring was not page-locked for a GPU-side gather"
@@ -68,7 +54,8 @@ def test_every_mode_keeps_every_state_its_env_s(transport, mode):
 )
 def test_padded_replays_never_touch_an_env_s_state(transport, mode, layout):
     # batches wait for min_batch_size rows (up to 50 ms): sizes that are no power of two
-    with make(transport, batch_timeout=0.05, **layout, **MODES[mode]) as c:
+    policy = RecurrentCountingPolicy()
+    with cuda_collector(transport, policy, batch_timeout=0.05, **layout, **CUDA_MODES[mode]) as c:
         data = collect(c)
         sizes = c.stats()["server"]["batch_sizes"]
     check_counting_streams(data)
@@ -78,7 +65,7 @@ def test_padded_replays_never_touch_an_env_s_state(transport, mode, layout):
 
 def test_a_tensor_state_on_the_process_backend_with_a_graph():
     policy = RecurrentCountingPolicy(tensor_state=True)
-    with make("process_slots", policy, inference_backend="process", cuda_graph=True) as c:
+    with cuda_collector("process_slots", policy, inference_backend="process", cuda_graph=True) as c:
         data = collect(c)
     check_counting_streams(data)
     check_recurrent_streams(data)
@@ -86,36 +73,14 @@ def test_a_tensor_state_on_the_process_backend_with_a_graph():
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
 def test_vector_env_sub_envs_own_their_state_in_a_graph(transport, mode):
-    fns = [functools.partial(counting_vector, 3 * i, 3, mode) for i in range(2)]
-    with AsyncBatchedCollector(
-        fns,
-        RecurrentCountingPolicy(),
-        frames_per_batch=30,
-        total_frames=900,
-        transport=transport,
-        policy_device="cuda",
-        cuda_graph=True,
-    ) as c:
-        data = collect(c)
-    check_counting_streams(data)
-    check_recurrent_streams(data)
+    check_vector_sub_envs_own_their_state(transport, mode, policy_device="cuda", cuda_graph=True)
 
 
 @pytest.mark.parametrize("mode", ["graph", "compiled+graph"])
 def test_the_state_is_kept_across_weight_updates_in_a_graph(mode):
     policy = RecurrentCountingPolicy()
-    with make(policy=policy, total_frames=-1, frames_per_batch=24, **MODES[mode]) as c:
-        batches = []
-        for i in range(30):
-            batches.append(next(c))
-            with torch.no_grad():
-                policy.scale.add_(1.0)
-            assert c.update_policy_weights_(policy) == i + 1
-    data = collect(batches)
-    check_recurrent_streams(data)
-    versions = data["policy_version"]
-    assert int(versions.max()) >= 10
-    assert torch.equal(data["value"], data["observation"][:, 2].float() * (versions + 1))
+    c = cuda_collector(policy=policy, total_frames=-1, frames_per_batch=24, **CUDA_MODES[mode])
+    check_state_kept_across_updates(c, policy, batches=30, min_version=10)
 
 
 def test_a_new_state_on_another_device_fails_at_construction():
@@ -125,7 +90,7 @@ def test_a_new_state_on_another_device_fails_at_construction():
             return out, {k: v.cpu() for k, v in new.items()}
 
     with pytest.raises(ValueError, match=r"new_state\['count'\] is on cpu"):
-        make(policy=Elsewhere())
+        cuda_collector(policy=Elsewhere())
 
 
 def test_an_uncapturable_recurrent_policy_fails_at_construction_with_a_clear_error():
@@ -136,7 +101,7 @@ def test_an_uncapturable_recurrent_policy_fails_at_construction_with_a_clear_err
             return super().forward(obs, state)
 
     with pytest.raises(ValueError, match="capturing the action step as a CUDA graph"):
-        make(policy=Syncs(), cuda_graph=True)
+        cuda_collector(policy=Syncs(), cuda_graph=True)
 
 
 # ---------------------------------------------------------------- the step, unit by unit
@@ -161,13 +126,11 @@ class GRUPolicy(torch.nn.Module):
 
 
 def gru_step(device, num_envs, **kwargs):
-    runner = PolicyRunner(GRUPolicy().to(device), device=device, observation_paths=((),))
-    obs = {(): Field(("observation",), (4,), np.dtype(np.float32))}
-    outputs = {
-        ("action",): Field(("action",), (), np.dtype(np.int64)),
-        ("logits",): Field(("logits",), (3,), np.dtype(np.float32)),
-        ("recurrent_state", "h"): Field(("recurrent_state", "h"), (8,), np.dtype(np.float32)),
-    }
+    runner = plain_runner(GRUPolicy(), device)
+    obs, outputs = step_fields(
+        ((4,), np.float32),
+        {("logits",): ((3,), np.float32), ("recurrent_state", "h"): ((8,), np.float32)},
+    )
     return build_action_step(runner, obs, outputs, capacity=16, num_envs=num_envs, **kwargs)
 
 
@@ -183,7 +146,7 @@ def test_graphed_state_steps_match_the_cpu_step_batch_for_batch(mode, register):
     rng = np.random.default_rng(0)
     ring[...] = rng.standard_normal(ring.shape, dtype=np.float32)
     is_init = np.zeros(rows, dtype=bool)
-    options = dict(MODES[mode])
+    options = dict(CUDA_MODES[mode])
     compile_options = {} if options.pop("compile", False) else None
     steps = [
         gru_step(torch.device("cpu"), num_envs),
