@@ -9,6 +9,7 @@ actor runs on a node of its own. Actors are real processes; faults are real
 import functools
 import sys
 import threading
+import time
 
 import gymnasium as gym
 import pytest
@@ -220,13 +221,16 @@ def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
         assert left and all(shm_exists(name) for name in left)
         ray.kill(old)
         after = torch.zeros(4, dtype=torch.long)
+        deadline = time.monotonic() + 300
         with pytest.warns(WorkerRestartWarning, match=r"restarting collector 1 \(envs 2-3"):
             while not bool((after >= 20).all()):
                 batch = next(c)
                 batches.append(batch)
                 if c.stats()["collector_restarts"] == 1:
                     after += torch.bincount(batch["env_index"], minlength=4)
-                assert len(batches) < 3000
+                # a hang guard, not a speed bound: collector 0 streams on (any number of
+                # batches) while the new actor starts, slowly on a busy machine
+                assert time.monotonic() < deadline, "the restarted collector delivers nothing"
         assert c._fleet.members[1].handle is not old
         assert not any(shm_exists(name) for name in left), "a killed actor's ring is left"
         stats = c.stats()

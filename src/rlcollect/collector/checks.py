@@ -31,6 +31,7 @@ __all__ = [
     "check_env_fns",
     "check_picklable",
     "check_stall_timeout",
+    "check_worker_inference",
     "claim_transport",
     "chunk_steps_of",
     "compile_options_of",
@@ -48,7 +49,7 @@ _TRANSPORTS: dict[str, Callable[[], Transport]] = {
     "thread": ThreadQueueTransport,
     "process_slots": ProcessSlotTransport,
 }
-BACKENDS = ("thread", "process")
+BACKENDS = ("thread", "process", "worker")
 _AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
 
 
@@ -92,18 +93,19 @@ def policy_source(policy: Any, factory: Any, backend: Any, transport: Transport)
     if backend not in BACKENDS:
         raise ValueError(f"inference_backend must be one of {list(BACKENDS)}, got {backend!r}")
     source: Any = policy if policy is not None else factory
-    if backend == "process":
-        if not transport.supports_request_channel:
-            raise ValueError(
-                "inference_backend='process' needs transport='process_slots': the inference "
-                "process serves the workers through their shared-memory ring"
-            )
+    if backend == "process" and not transport.supports_request_channel:
+        raise ValueError(
+            "inference_backend='process' needs transport='process_slots': the inference "
+            "process serves the workers through their shared-memory ring"
+        )
+    if backend in ("process", "worker"):
         what = "policy" if policy is not None else "policy_factory"
+        where = "the inference process" if backend == "process" else "the env workers"
         try:
             cloudpickle.dumps(source)
         except Exception as exc:
             raise TypeError(
-                f"{what} cannot be pickled for the inference process ({type(exc).__name__}: "
+                f"{what} cannot be pickled for {where} ({type(exc).__name__}: "
                 f"{exc}); make it picklable or use inference_backend='thread'"
             ) from exc
     return source
@@ -266,6 +268,25 @@ def check_picklable(env_fns: list[Callable[[], Any]]) -> None:
                 f"env_fns[{i}] cannot be pickled for a worker process ({type(exc).__name__}: "
                 f"{exc}); make the factory picklable or use transport='thread'"
             ) from exc
+
+
+def check_worker_inference(
+    device: torch.device, max_batch_size: int | None, min_batch_size: int
+) -> None:
+    """``inference_backend="worker"``: each worker runs the policy on its own CPU, on its
+    own requests; there is no server to batch them."""
+    if device.type != "cpu":
+        raise ValueError(
+            f"inference_backend='worker' runs the policy inside each env worker, on its CPU; "
+            f"policy_device={str(device)!r} is not the CPU (leave it unset, or use the "
+            "'thread' or 'process' backend for a GPU)"
+        )
+    if max_batch_size is not None or min_batch_size != 1:
+        raise ValueError(
+            "max_batch_size and min_batch_size shape the server's batches; "
+            "inference_backend='worker' has no server (each worker serves its own envs, "
+            "worker_splits groups at a time): leave them unset"
+        )
 
 
 def device_of(policy_device: str | torch.device | None) -> torch.device:

@@ -32,6 +32,7 @@ Every delivered batch's finished episodes are counted (``episodes.py``).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -40,12 +41,13 @@ from rlcollect.collector.background import POLL, Background, Throttle
 from rlcollect.collector.batches import BatchBuilder
 from rlcollect.collector.builder import ChunkBuilder
 from rlcollect.collector.episodes import EpisodeStats
-from rlcollect.collector.plan import Plan
+from rlcollect.collector.plan import Plan, program
 from rlcollect.collector.restarts import WorkerRestarts
 from rlcollect.collector.rollouts import RolloutBuilder, RoundGate
 from rlcollect.collector.stall import StallWatch
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
+from rlcollect.inference.local import LocalPolicy
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import ServerEnd, Transport
 from rlcollect.transports.layout import PROGRESS
@@ -83,9 +85,15 @@ class ChunkLoop:
 
     @classmethod
     def for_plan(
-        cls, plan: Plan, end: ServerEnd, server: InferenceBackend, background: Background
+        cls,
+        plan: Plan,
+        end: ServerEnd,
+        server: InferenceBackend,
+        background: Background,
+        local: LocalPolicy | None = None,
     ) -> ChunkLoop:
-        """The loop for ``plan``'s ring, started as ``end``, served by ``server``."""
+        """The loop for ``plan``'s ring, started as ``end``, served by ``server`` (or by
+        the workers themselves, as ``local`` says)."""
         restarts = None
         if plan.max_worker_restarts:
             restarts = WorkerRestarts(
@@ -95,6 +103,7 @@ class ChunkLoop:
                 end.buffers,
                 list(plan.specs),
                 num_envs=plan.num_envs,
+                program=functools.partial(program, local=local),
             )
         builder: ChunkBuilder
         gate = None

@@ -42,6 +42,7 @@ from rlcollect.collector.plan import plan_collection
 from rlcollect.errors import CollectorError
 from rlcollect.inference.backend import start_backend
 from rlcollect.inference.base import InferenceBackend
+from rlcollect.inference.in_workers import WorkerInference
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -196,7 +197,7 @@ class AsyncBatchedCollector(CollectorFacade):
         policy_device: str | torch.device | None = None,
         compile: bool | Mapping[str, Any] = False,
         cuda_graph: bool = False,
-        inference_backend: Literal["thread", "process"] = "thread",
+        inference_backend: Literal["thread", "process", "worker"] = "thread",
         replay_buffer: SupportsExtend | None = None,
         train_ratio: float | None = None,
         learning_starts: int = 0,
@@ -253,16 +254,30 @@ class AsyncBatchedCollector(CollectorFacade):
         self._transport, self._closed = plan.transport, False
         claim_transport(plan.transport)
         try:
-            end = plan.transport.start(plan.layout, plan.programs())
-            self.server = start_backend(
-                plan.backend,
-                plan.inference,
-                served=plan.served,
-                policy_source=plan.policy_source,
-                policy_is_factory=plan.policy_is_factory,
-                transport=plan.transport,
-                end=end,
-            )
+            if plan.backend == "worker":
+                # The workers serve themselves: their weights board exists before they do.
+                assert plan.served is not None
+                backend = WorkerInference(
+                    plan.inference,
+                    plan.policy_source,
+                    policy_is_factory=plan.policy_is_factory,
+                    initial=plan.served.state_dict(),
+                )
+                self.server = backend
+                local = backend.local_policy()
+                end = plan.transport.start(plan.layout, plan.programs(local))
+            else:
+                local = None
+                end = plan.transport.start(plan.layout, plan.programs())
+                self.server = start_backend(
+                    plan.backend,
+                    plan.inference,
+                    served=plan.served,
+                    policy_source=plan.policy_source,
+                    policy_is_factory=plan.policy_is_factory,
+                    transport=plan.transport,
+                    end=end,
+                )
         except OSError as exc:
             self.shutdown()
             if exc.errno != errno.EMFILE:
@@ -280,7 +295,7 @@ class AsyncBatchedCollector(CollectorFacade):
         # Shuts everything down if the collector is garbage-collected or open at exit: no
         # part holds a reference back to the collector, so refcounting alone frees it.
         self._finalizer = weakref.finalize(self, _shutdown_parts, plan.transport, self.server)
-        self._chunks = ChunkLoop.for_plan(plan, end, self.server, self._background)
+        self._chunks = ChunkLoop.for_plan(plan, end, self.server, self._background, local)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
 
     # ------------------------------------------------------------------ for the façade

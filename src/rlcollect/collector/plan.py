@@ -41,6 +41,7 @@ from rlcollect.collector.restarts import RESTART_SLOTS
 from rlcollect.collector.source import Source
 from rlcollect.collector.spec import IS_INIT, WorkerSpec, transition_fields
 from rlcollect.collector.worker import run_worker
+from rlcollect.inference.local import LocalPolicy, run_local_worker
 from rlcollect.inference.policy import output_fields
 from rlcollect.inference.process import InferenceConfig, WeightsLayout
 from rlcollect.inference.recurrent import state_fields
@@ -50,7 +51,7 @@ from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport, WorkerProgram
 from rlcollect.transports.layout import RingLayout, Staging
 
-__all__ = ["Plan", "plan_collection"]
+__all__ = ["Plan", "plan_collection", "program"]
 
 _SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
 _ROUND_SLOTS = 1  # on-policy: a worker's one round, which the driver gives back to start
@@ -70,11 +71,12 @@ class Plan:
     layout: RingLayout
     specs: tuple[WorkerSpec, ...]
     device: torch.device
-    backend: str  # "thread" | "process"
+    backend: str  # "thread" | "process" | "worker"
     inference: InferenceConfig
-    #: The policy served in this process (``backend == "thread"``), else None.
+    #: The policy served in this process (``backend == "thread"``), or the weights the
+    #: workers start from (``"worker"``); None for ``"process"``.
     served: torch.nn.Module | None
-    #: What the inference process builds the policy from (``backend == "process"``).
+    #: What the inference process, or each worker, builds the policy from.
     policy_source: Any
     policy_is_factory: bool
     replay_buffer: SupportsExtend | None
@@ -94,9 +96,17 @@ class Plan:
         """Transitions per worker message."""
         return self.layout.chunk_steps * self.layout.envs_per_worker
 
-    def programs(self) -> list[WorkerProgram]:
-        """What each worker runs."""
-        return [functools.partial(run_worker, spec=spec) for spec in self.specs]
+    def programs(self, local: LocalPolicy | None = None) -> list[WorkerProgram]:
+        """What each worker runs (see :func:`program`)."""
+        return [program(spec, local) for spec in self.specs]
+
+
+def program(spec: WorkerSpec, local: LocalPolicy | None) -> WorkerProgram:
+    """What the worker of ``spec`` runs: the worker loop, with its own copy of the policy
+    when ``local`` says how to build it (``inference_backend="worker"``)."""
+    if local is not None:
+        return functools.partial(run_local_worker, spec=spec, policy=local)
+    return functools.partial(run_worker, spec=spec)
 
 
 def plan_collection(
@@ -157,6 +167,8 @@ def plan_collection(
     transport_obj = checks.make_transport(transport)
     if transport_obj.pickles_programs:
         checks.check_picklable(env_fns)
+    if inference_backend == "worker" and policy_device is None:
+        policy_device = "cpu"  # the workers' own cores: the only place it can run
     device = checks.device_of(policy_device)
     compile_options = checks.compile_options_of(compile)
     if not isinstance(cuda_graph, bool):
@@ -184,7 +196,14 @@ def plan_collection(
             "is False)"
         )
 
+    if inference_backend == "worker":
+        checks.check_worker_inference(device, max_batch_size, min_batch_size)
     source, info_fields = probe_env(env_fns[0], names, stall_timeout)
+    if inference_backend == "worker" and source.vector:
+        raise ValueError(
+            "inference_backend='worker' steps envs one by one; env_fns build vector envs, "
+            "which batch their own sub-envs: use inference_backend='thread' or 'process'"
+        )
     if max_worker_restarts and source.vector:
         raise ValueError(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
@@ -225,6 +244,11 @@ def plan_collection(
         probe_policy(runner, source.observation_space, paths), source.action_space
     )
     recurrent = runner.initial_state is not None
+    if recurrent and inference_backend == "worker":
+        raise ValueError(
+            "inference_backend='worker' serves feed-forward policies; this policy is "
+            "recurrent (it has initial_state()): use inference_backend='thread' or 'process'"
+        )
     if recurrent and store_recurrent_state:
         # The state each action was computed from: a policy output the server writes.
         assert runner.initial_state is not None
@@ -298,8 +322,9 @@ def plan_collection(
         device=device,
         backend=inference_backend,
         inference=inference,
-        # The inference process builds its own policy: the driver's probe copy goes.
-        served=served if inference_backend == "thread" else None,
+        # The inference process builds its own policy: the driver's probe copy goes. The
+        # workers build theirs too, but start from this copy's weights.
+        served=None if inference_backend == "process" else served,
         policy_source=source_of_policy,
         policy_is_factory=policy is None,
         replay_buffer=replay_buffer,

@@ -28,17 +28,15 @@ the failure is raised as without restarts.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from rlcollect.collector.batches import BatchBuilder
 from rlcollect.collector.spec import WorkerSpec
-from rlcollect.collector.worker import run_worker
 from rlcollect.errors import WorkerError, WorkerRestartWarning
-from rlcollect.transports.base import Transport
+from rlcollect.transports.base import Transport, WorkerProgram
 from rlcollect.transports.layout import Key, RingLayout
 
 __all__ = ["RESTART_SLOTS", "WorkerRestarts"]
@@ -59,6 +57,7 @@ class WorkerRestarts:
         specs: list[WorkerSpec],
         *,
         num_envs: int,
+        program: Callable[[WorkerSpec], WorkerProgram],
     ) -> None:
         self.limit = limit
         self.count = 0
@@ -69,6 +68,7 @@ class WorkerRestarts:
         self._episode = ring[("episode",)]
         self._specs = list(specs)
         self._num_envs = num_envs
+        self._program = program  # what a new worker runs, given its spec
         self._held: list[int | None] = [None] * layout.num_workers
 
     def hold(self, worker: int, slot: int) -> int | None:
@@ -111,4 +111,4 @@ class WorkerRestarts:
             ),
             stacklevel=2,
         )
-        self._transport.restart_worker(w, functools.partial(run_worker, spec=self._specs[w]))
+        self._transport.restart_worker(w, self._program(self._specs[w]))

@@ -104,10 +104,11 @@ class WeightsLayout:
             offset += -(-size // _ALIGN) * _ALIGN
         return WeightsLayout(tuple(entries), max(offset, _ALIGN))
 
-    def views(self, buffer: Any, slot: int) -> dict[str, torch.Tensor]:
-        """Tensors over slot ``slot`` of ``buffer`` (no copy)."""
+    def views(self, buffer: Any, slot: int, *, start: int = 0) -> dict[str, torch.Tensor]:
+        """Tensors over slot ``slot`` of the slots from byte ``start`` of ``buffer`` (no
+        copy)."""
         out = {}
-        base = slot * self.slot_bytes
+        base = start + slot * self.slot_bytes
         for name, shape, dtype, offset in self.entries:
             torch_dtype = getattr(torch, dtype.removeprefix("torch."))
             count = int(np.prod(shape)) if shape else 1

@@ -448,17 +448,7 @@ class InferenceServer(InferenceBackend):
             )
         for key, src in outputs.items():
             dst = self._output_rows[key]
-            if src.shape[1:] != dst.shape[1:]:
-                raise ValueError(
-                    f"policy output {key} has shape {src.shape[1:]} per env, but it had "
-                    f"{dst.shape[1:]} when the collector was built"
-                )
-            if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, "same_kind"):
-                # numpy's assignment would cast anyway: floats into integers, truncated
-                raise TypeError(
-                    f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when "
-                    "the collector was built; a cast would lose what it holds"
-                )
+            check_output(key, src, dst)
             dst[flat] = src
         self._version_rows[flat] = version
         t3 = clock()
@@ -480,6 +470,27 @@ class InferenceServer(InferenceBackend):
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
+
+
+def check_output(key: Key, src: np.ndarray, dst: np.ndarray) -> None:
+    """Check a policy output ``[B, ...]`` against the ring field it goes to (``[rows,
+    ...]``), by shape per env and by dtype (both backends and the workers' own policy).
+
+    Raises:
+        ValueError: another shape per env than when the collector was built.
+        TypeError: a dtype the field's cannot hold without loss (floats into integers).
+    """
+    if src.shape[1:] != dst.shape[1:]:
+        raise ValueError(
+            f"policy output {key} has shape {src.shape[1:]} per env, but it had "
+            f"{dst.shape[1:]} when the collector was built"
+        )
+    if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, "same_kind"):
+        # numpy's assignment would cast anyway: floats into integers, truncated
+        raise TypeError(
+            f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when "
+            "the collector was built; a cast would lose what it holds"
+        )
 
 
 def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:

@@ -1,0 +1,169 @@
+"""The policy inside each env worker: ``inference_backend="worker"``, for cheap envs.
+
+When an env steps in microseconds (CartPole, most classic-control and toy envs), the
+round trip to a batching server costs more than the env: two wake-ups between cores,
+the server's per-batch Python, and a policy call that is mostly fixed overhead. Here
+each worker runs its own copy of the policy on one CPU thread, beside its envs, and
+answers its own requests in place; nothing waits for another process, and the workers'
+forwards run in parallel, one per core::
+
+    worker process w (torch, one thread)             driver process
+    ┌──────────────────────────────────────┐        ┌──────────────────────────────┐
+    │ writes obs of group g at position p   │        │ update_policy_weights_:       │
+    │ request(q): LocalEnd serves it here:  │        │  WeightsBoard.publish ────┐   │
+    │   refresh weights from the board ◀────┼────────┼───────────────────────────┘   │
+    │   policy(obs[p, group]) → action,     │        │                              │
+    │   outputs, version written at p       │        │ consuming thread:             │
+    │ steps its envs … chunk full:          │        │  chunks → batches, as ever    │
+    │ hand_over ────────────────────────────┼───────▶│                              │
+    └──────────────────────────────────────┘        └──────────────────────────────┘
+
+:class:`LocalEnd` wraps the transport's worker end, so the worker loop
+(``collector/worker.py``) runs unchanged: its ``request`` computes the actions, its
+``wait_response`` has nothing to wait for. The ring, its chunks, backpressure,
+restarts and stall detection are the transport's and the collector's as with any
+backend. Weights travel through a :class:`~rlcollect.inference.board.WeightsBoard`;
+every worker starts from the driver's weights (version 0), even when each builds its
+policy from a factory.
+
+A worker seeded with ``seed`` draws its exploration noise from a stream of its own
+(``seed`` and its index), swapped in around each forward: its envs' actions depend only
+on what its envs returned, so a seeded run repeats exactly, batch for batch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlcollect.collector.spec import WorkerSpec
+from rlcollect.collector.worker import run_worker
+from rlcollect.errors import ChannelClosed, WorkerFailure
+from rlcollect.inference.board import WeightsBoard
+from rlcollect.inference.policy import PolicyRunner
+from rlcollect.inference.process import InferenceConfig
+from rlcollect.inference.rng import PolicyRng
+from rlcollect.inference.server import check_output
+from rlcollect.processes import unlink_segment
+from rlcollect.transports.base import WorkerEnd
+from rlcollect.transports.layout import Key
+
+__all__ = ["LocalEnd", "LocalPolicy", "run_local_worker"]
+
+_BOARD_WAIT = 60.0  # seconds a worker may wait for the driver to finish publishing
+
+
+@dataclass(frozen=True)
+class LocalPolicy:
+    """What a worker needs to run the policy itself; pickled into worker processes
+    (``payload`` is the policy or its factory, already cloudpickled: no torch object)."""
+
+    config: InferenceConfig
+    payload: bytes
+    is_factory: bool
+    board: str
+    driver_pid: int
+
+
+def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> None:
+    """A worker program: the collector's worker loop, its requests served in place."""
+    import cloudpickle
+
+    torch.set_num_threads(1)  # the other cores step the other workers' envs
+    source = cloudpickle.loads(policy.payload)
+    module = source() if policy.is_factory else source
+    config = policy.config
+    board = WeightsBoard.attach(policy.board, config.weights, config.layout.num_workers)
+    try:
+        local = LocalEnd(end, spec, config, module, board)
+        run_worker(local, spec)
+    except ChannelClosed:
+        if policy.driver_pid != os.getpid():  # a process of its own: the driver may be gone
+            unlink_segment(policy.board)
+        raise
+    finally:
+        board.close(unlink=False)
+
+
+class LocalEnd(WorkerEnd):
+    """A worker end whose requests are answered in the worker, by its own policy copy."""
+
+    def __init__(
+        self,
+        end: WorkerEnd,
+        spec: WorkerSpec,
+        config: InferenceConfig,
+        policy: torch.nn.Module,
+        board: WeightsBoard,
+    ) -> None:
+        self._end = end
+        self.index = end.index
+        self.buffers = end.buffers
+        device = torch.device("cpu")
+        policy = policy.to(device)
+        policy.requires_grad_(False)  # as the server's copy: weights change by copy only
+        self._runner = PolicyRunner(
+            policy, device=device, observation_paths=config.observation_paths
+        )
+        self._params = policy.state_dict(keep_vars=True)
+        self._board = board
+        self._version = -1  # none yet: the first request loads version 0 from the board
+        self._groups = spec.groups
+        width = config.layout.envs_per_worker // spec.groups
+        self._width = width
+        self._columns = [slice(g * width, (g + 1) * width) for g in range(spec.groups)]
+        self._inputs = [
+            (path, end.buffers[("observation", *path)]) for path in config.observation_paths
+        ]
+        self._outputs: dict[Key, np.ndarray] = {key: end.buffers[key] for key, _ in config.outputs}
+        self._version_field = end.buffers[("policy_version",)]
+        self._rng = None if spec.seed is None else PolicyRng(device, _stream(spec.seed, end.index))
+
+    def request(self, position: int) -> None:
+        start = time.perf_counter_ns()
+        p, g = divmod(position, self._groups)
+        cols = self._columns[g]
+        self._version = self._board.refresh(self.index, self._params, self._version, _BOARD_WAIT)
+        tensors = {path: torch.from_numpy(ring[p, cols]) for path, ring in self._inputs}
+        rng = self._rng
+        if rng is not None:
+            rng.swap_in()
+        try:
+            with torch.inference_mode():
+                out = self._runner.call(tensors)
+        finally:
+            if rng is not None:
+                rng.swap_out()
+        if out.keys() != self._outputs.keys():
+            raise ValueError(
+                f"policy returned outputs {sorted(out)}, but {sorted(self._outputs)} when "
+                "the collector was built"
+            )
+        for key, value in out.items():
+            src = value.numpy()
+            dst = self._outputs[key][p, cols]
+            check_output(key, src, dst)
+            dst[...] = src
+        self._version_field[p, cols] = self._version
+        self._board.record(self.index, self._width, time.perf_counter_ns() - start)
+
+    def wait_response(self) -> None:
+        """Nothing to wait for: :meth:`request` wrote the actions."""
+
+    def hand_over(self, slot: int) -> None:
+        self._end.hand_over(slot)
+
+    def wait_slot(self) -> None:
+        self._end.wait_slot()
+
+    def report(self, failure: WorkerFailure) -> None:
+        self._end.report(failure)
+
+
+def _stream(seed: int, worker: int) -> int:
+    """Worker ``worker``'s seed: distinct per worker, the same in every run."""
+    return (seed * 1_000_003 + worker) % (2**63)
