@@ -1,11 +1,12 @@
 """Cheap envs on a small machine: the collector against the loop it replaces.
 
-For each case (1, 4 and 16 CartPole envs with a small sampling MLP; 4 Pong envs with a
-small sampling CNN), with torch on one thread everywhere, in one run, interleaved,
+For each case (1, 4 and 16 CartPole envs with a small MLP sampling by Gumbel-max; 4 Pong
+envs with a small sampling CNN), with torch on one thread everywhere, in one run, interleaved,
 ``--repeats`` times, each for ``--seconds``:
 
 * ``sync_vector``: a hand-written loop over ``gymnasium.vector.SyncVectorEnv``, the
-  envs and the policy in this process (the strongest plain loop for cheap envs);
+  envs and the policy in this process (the strongest plain loop for cheap envs); for
+  one env also ``plain_env``, the env itself stepped in a loop (no vector wrapper);
 * ``async_vector``: the same over ``AsyncVectorEnv`` (envs in processes);
 * ``rlcollect[thread]``: the collector with its batching server (a thread of this
   process), one env per worker process;
@@ -40,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ENVS, machine
-from policies import policy_for
+from policies import GumbelMLP, policy_for
 
 from rlcollect import AsyncBatchedCollector
 
@@ -49,21 +50,44 @@ CASES |= {"cartpole16": ("cartpole", 16), "pong4": ("pong", 4)}
 OUT = Path(__file__).resolve().parent / "results"
 
 
+def policy(env: str) -> torch.nn.Module:
+    return GumbelMLP(4, 2) if env == "cartpole" else policy_for(env)
+
+
 def plain_loop(vector: type, env: str, n: int, seconds: float) -> float:
     """Frames/s of a hand-written loop: policy on the batch, then one vector step."""
     envs = vector([ENVS[env]] * n)
-    policy = policy_for(env)
+    acting = policy(env)
     try:
         obs, _ = envs.reset(seed=0)
         frames, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             with torch.inference_mode():
-                action = policy(torch.from_numpy(np.asarray(obs))).numpy()
+                action = acting(torch.from_numpy(np.asarray(obs))).numpy()
             obs, *_ = envs.step(action)
             frames += n
         return frames / (time.perf_counter() - start)
     finally:
         envs.close()
+
+
+def single_loop(env: str, seconds: float) -> float:
+    """Frames/s of the plainest loop: one env, the policy on its observation, a step."""
+    instance = ENVS[env]()
+    acting = policy(env)
+    try:
+        obs, _ = instance.reset(seed=0)
+        frames, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            with torch.inference_mode():
+                action = acting(torch.from_numpy(np.asarray(obs))[None]).numpy()[0]
+            obs, _, terminated, truncated, _ = instance.step(action)
+            if terminated or truncated:
+                obs, _ = instance.reset()
+            frames += 1
+        return frames / (time.perf_counter() - start)
+    finally:
+        instance.close()
 
 
 def collector_run(env: str, n: int, seconds: float, backend: str) -> dict[str, Any]:
@@ -75,7 +99,7 @@ def collector_run(env: str, n: int, seconds: float, backend: str) -> dict[str, A
         kwargs = {"inference_backend": "worker", "envs_per_worker": n // workers}
     fpb = 1024 if env == "cartpole" else 256
     with AsyncBatchedCollector(
-        [ENVS[env]] * n, policy_for(env), frames_per_batch=fpb, policy_device="cpu", **kwargs
+        [ENVS[env]] * n, policy(env), frames_per_batch=fpb, policy_device="cpu", **kwargs
     ) as collector:
         frames, start = 0, None
         for batch in collector:
@@ -119,6 +143,7 @@ def main() -> None:
                 "async_vector": functools.partial(
                     plain_loop, gym.vector.AsyncVectorEnv, env, n, seconds
                 ),
+                **({"plain_env": functools.partial(single_loop, env, seconds)} if n == 1 else {}),
                 "rlcollect[thread]": functools.partial(collector_run, env, n, seconds, "thread"),
                 "rlcollect[worker]": functools.partial(collector_run, env, n, seconds, "worker"),
             }
@@ -130,12 +155,10 @@ def main() -> None:
 
     summary: dict[str, Any] = {}
     for case, row in runs.items():
-        plain = zip(row["sync_vector"], row["async_vector"], strict=True)
-        best_plain = [max(s, a) for s, a in plain]
-        out: dict[str, Any] = {
-            "sync_vector_fps": statistics.median(row["sync_vector"]),
-            "async_vector_fps": statistics.median(row["async_vector"]),
-        }
+        loops = [name for name in ("plain_env", "sync_vector", "async_vector") if name in row]
+        best_plain = [max(fps) for fps in zip(*(row[name] for name in loops), strict=True)]
+        out: dict[str, Any] = {f"{name}_fps": statistics.median(row[name]) for name in loops}
+        out["best_plain_loop"] = max(loops, key=lambda name: statistics.median(row[name]))
         for name in ("rlcollect[thread]", "rlcollect[worker]"):
             results = row[name]
             out[name] = {
@@ -183,7 +206,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         values = [
             summary[c][f"{name}_fps"] if f"{name}_fps" in summary[c] else summary[c][name]["fps"]
             for c in cases
-        ]
+        ]  # for one env, sync_vector stands for the plain loops (plain_env is in the JSON)
         ax.bar(np.arange(len(cases)) + (k - 1.5) * width, values, width, label=name)
     ax.set_xticks(np.arange(len(cases)), cases)
     ax.set_ylabel("frames/s (median)")

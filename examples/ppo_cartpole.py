@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,9 +55,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ent-coef", type=float, default=0.01)
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
-    # CartPole steps in microseconds: one thread worker steps all 4 envs with no IPC
-    p.add_argument("--transport", choices=["thread", "process_slots"], default="thread")
-    p.add_argument("--worker-splits", type=int, default=1, help="request groups of the worker")
+    # CartPole steps in microseconds, faster than any round trip to a server: each worker
+    # process runs the agent itself, beside its envs (docs/tuning.md, "Cheap envs")
+    p.add_argument("--inference", choices=["worker", "thread"], default="worker")
+    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     p.add_argument("--out", type=Path, default=Path("examples/results"))
     return p.parse_args()
 
@@ -115,9 +117,9 @@ def rlcollect_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Ite
         agent,
         frames_per_batch=batch_size,
         total_frames=iterations * batch_size,
-        transport=args.transport,
-        envs_per_worker=args.num_envs,  # one worker steps all envs: one request per step
-        worker_splits=args.worker_splits,
+        # the envs split over about one worker process per core, each acting for its own
+        envs_per_worker=envs_per_worker(args.num_envs, args.workers),
+        inference_backend=args.inference,
         policy_device="cpu",
         on_policy=True,
         seed=seed,  # env i is first reset with seed + i, as SyncVectorEnv does
@@ -134,6 +136,11 @@ def rlcollect_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Ite
                 "episode_return": batch["next", "episode_return"],
             }
             collector.update_policy_weights_(agent)  # the next rollout acts with these
+
+
+def envs_per_worker(num_envs: int, workers: int) -> int:
+    """The fewest envs per worker that divide ``num_envs`` and need at most ``workers``."""
+    return next(k for k in range(-(-num_envs // workers), num_envs + 1) if num_envs % k == 0)
 
 
 def sync_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Iterator[Any]:

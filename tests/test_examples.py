@@ -27,7 +27,9 @@ def test_quickstart():
         "collector:",
         "mean batch size:",
         "driver CPU:",
+        "AsyncVectorEnv loop:",
         "env-only:",
+        "collector / AsyncVectorEnv loop:",
         "collector / env-only:",
     ):
         assert line in out, out

@@ -89,8 +89,9 @@ class AsyncBatchedCollector(CollectorFacade):
         policy_device: where the policy runs; default ``"cuda"`` when available.
         compile: ``True``, or a dict of ``torch.compile`` options (CUDA only).
         cuda_graph: capture the action step as a CUDA graph per padded batch size.
-        inference_backend: ``"thread"`` (a thread of this process) or ``"process"`` (a
-            process of its own; needs a transport that supports it).
+        inference_backend: ``"thread"`` (a thread of this process), ``"process"`` (a
+            process of its own; needs a transport that supports it), or ``"worker"``
+            (no server: each env worker runs the policy on its CPU, for cheap envs).
         replay_buffer: anything with ``.extend(tensordict)``; every batch goes there,
             once, before it is yielded. Needed by :meth:`start`.
         train_ratio: rows the learner samples per row collected; collection waits for

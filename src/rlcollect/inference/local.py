@@ -74,15 +74,19 @@ def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> N
     import cloudpickle
 
     torch.set_num_threads(1)  # the other cores step the other workers' envs
+    # Grad mode is per thread: this worker's own thread never needs it, and setting it
+    # once spares every forward an inference-mode context.
+    torch.set_grad_enabled(False)
     source = cloudpickle.loads(policy.payload)
     module = source() if policy.is_factory else source
     config = policy.config
     board = WeightsBoard.attach(policy.board, config.weights, config.layout.num_workers)
     try:
-        local = LocalEnd(end, spec, config, module, board)
+        own_process = policy.driver_pid != os.getpid()
+        local = LocalEnd(end, spec, config, module, board, own_process=own_process)
         run_worker(local, spec)
     except ChannelClosed:
-        if policy.driver_pid != os.getpid():  # a process of its own: the driver may be gone
+        if own_process:  # the driver may be gone: nobody else would unlink the board
             unlink_segment(policy.board)
         raise
     finally:
@@ -99,6 +103,8 @@ class LocalEnd(WorkerEnd):
         config: InferenceConfig,
         policy: torch.nn.Module,
         board: WeightsBoard,
+        *,
+        own_process: bool,
     ) -> None:
         self._end = end
         self.index = end.index
@@ -121,7 +127,13 @@ class LocalEnd(WorkerEnd):
         ]
         self._outputs: dict[Key, np.ndarray] = {key: end.buffers[key] for key, _ in config.outputs}
         self._version_field = end.buffers[("policy_version",)]
-        self._rng = None if spec.seed is None else PolicyRng(device, _stream(spec.seed, end.index))
+        self._rng: PolicyRng | None = None
+        if spec.seed is not None:
+            seed = _stream(spec.seed, end.index)
+            if own_process:  # its generator is its own: seed it once
+                torch.manual_seed(seed)
+            else:  # a thread: the driver's generator, so a stream swapped in per forward
+                self._rng = PolicyRng(device, seed)
 
     def request(self, position: int) -> None:
         start = time.perf_counter_ns()
@@ -130,13 +142,13 @@ class LocalEnd(WorkerEnd):
         self._version = self._board.refresh(self.index, self._params, self._version, _BOARD_WAIT)
         tensors = {path: torch.from_numpy(ring[p, cols]) for path, ring in self._inputs}
         rng = self._rng
-        if rng is not None:
+        if rng is None:
+            out = self._runner.call(tensors)
+        else:
             rng.swap_in()
-        try:
-            with torch.inference_mode():
+            try:
                 out = self._runner.call(tensors)
-        finally:
-            if rng is not None:
+            finally:
                 rng.swap_out()
         if out.keys() != self._outputs.keys():
             raise ValueError(
