@@ -1,6 +1,8 @@
 """Smoke tests: the examples and benchmarks run end to end with tiny budgets."""
 
+import importlib.util
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -396,3 +398,75 @@ def test_staleness_benchmark(tmp_path):
     for mode in ("off_policy_rows", "on_policy", "background"):
         assert result[mode]["rows"] > 0, mode
         assert f"| {mode} |" in out
+
+
+PPO_ATARI_TINY = (
+    *("--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"),
+    # episodes cut at 100 frames (25 steps), so that a tiny budget sees some end
+    *("--max-episode-frames", "100", "--device", "cpu", "--log-every", "0"),
+)
+
+
+def check_ppo_atari_run(result, *, updates, stopped_by):
+    """What ppo_atari.py promises in its JSON, whichever loop wrote it."""
+    summary = result["summary"]
+    assert summary["updates"] == len(result["updates"]) == updates, summary
+    assert summary["env_steps"] == updates * 32 and summary["stopped_by"] == stopped_by
+    assert summary["wall_seconds"] >= summary["startup_seconds"] > 0
+    assert summary["episodes"] == len(result["episodes"])
+    for update in result["updates"]:
+        assert all(math.isfinite(update[k]) for k in ("pg_loss", "v_loss", "entropy", "lr"))
+    steps = [ep["env_step"] for ep in result["episodes"]]
+    assert steps == sorted(steps) and all(0 < s <= updates * 32 for s in steps), steps
+    assert all(-21 <= ep["return"] <= 21 for ep in result["episodes"])
+    assert result["config"]["batch_size"] == 32 and result["config"]["minibatch_size"] == 16
+
+
+@pytest.mark.slow
+def test_ppo_atari_both_loops(tmp_path):
+    # The rlcollect loop and the synchronous baseline on the same AtariVectorEnv, four
+    # updates each on the CPU; the overlapped loop stopped early by --stop-at-target (a
+    # target every episode meets), which drains the rollout asked for meanwhile.
+    names = {
+        "rlcollect": ("--loop", "rlcollect", "--total-timesteps", "128"),
+        "sync": ("--loop", "sync", "--total-timesteps", "128"),
+        "rlcollect_overlap": ("--overlap", "--total-timesteps", "1024", "--stop-at-target",
+                              "--target-return", "-21", "--target-window", "1"),
+    }  # fmt: skip
+    results = {}
+    for name, flags in names.items():
+        run("examples/ppo_atari.py", *flags, *PPO_ATARI_TINY, "--out", str(tmp_path))
+        results[name] = json.loads((tmp_path / f"ppo_atari_ale_{name}_seed1.json").read_text())
+        assert (tmp_path / f"ppo_atari_ale_{name}_seed1.png").stat().st_size > 0
+    for name in ("rlcollect", "sync"):
+        check_ppo_atari_run(results[name], updates=4, stopped_by="total_timesteps")
+        # the same envs, seeds and cut: each env ends an episode every 25 steps
+        assert [ep["env_step"] for ep in results[name]["episodes"]] == [50, 50, 100, 100]
+        assert results[name]["summary"]["policy_lag"]["counts"] == {"0": 4}
+    assert results["rlcollect"]["summary"]["collector"]["frames"] == 128
+    # overlapped: the second rollout (acted by the weights before the first update) holds
+    # the first episode's end, so the run stops after two updates, the second one lagging
+    overlap = results["rlcollect_overlap"]
+    check_ppo_atari_run(overlap, updates=2, stopped_by="target")
+    assert overlap["summary"]["policy_lag"]["counts"] == {"0": 1, "1": 1}
+    assert overlap["summary"]["target"]["env_step"] == 50
+    # --plot's figure of several runs, drawn here rather than in one more process
+    spec = importlib.util.spec_from_file_location("ppo_atari", ROOT / "examples/ppo_atari.py")
+    ppo_atari = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ppo_atari)
+    ppo_atari.plot(list(results.values()), tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_ppo_atari_gym_envs_and_deadline(tmp_path):
+    # gymnasium envs: in the collector's worker processes, and in AsyncVectorEnv processes
+    # for the baseline, there stopped by a deadline already past at the first update.
+    run("examples/ppo_atari.py", "--envs", "gym", *PPO_ATARI_TINY, "--total-timesteps", "64",
+        "--out", str(tmp_path))  # fmt: skip
+    collected = json.loads((tmp_path / "ppo_atari_gym_rlcollect_seed1.json").read_text())
+    check_ppo_atari_run(collected, updates=2, stopped_by="total_timesteps")
+    run("examples/ppo_atari.py", "--envs", "gym", "--loop", "sync", *PPO_ATARI_TINY,
+        "--total-timesteps", "1024", "--max-seconds", "0.001", "--out", str(tmp_path))  # fmt: skip
+    sync = json.loads((tmp_path / "ppo_atari_gym_sync_seed1.json").read_text())
+    check_ppo_atari_run(sync, updates=1, stopped_by="max_seconds")
