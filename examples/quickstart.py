@@ -1,13 +1,14 @@
 """Collect Atari Pong frames with rlcollect and compare with the envs' own speed.
 
 8 Pong envs (grayscale, every second pixel, 4 stacked frames: 4x105x80 uint8) run in
-worker processes; a small CNN picks actions on the best device present (as a CUDA
-graph on a GPU), batched by the inference server. The script prints the collector's
-frames/s, the mean inference batch size and the driver's CPU time per frame, then the
-throughput of the loop a user would write instead (the same envs in gymnasium's
-AsyncVectorEnv, the same policy acting on each step's batch) and the env-only throughput
-of the same 8 envs (random actions, no policy), both measured in this run, and the
-ratios.
+worker processes; a small CNN picks actions on the best device present: on a GPU
+batched by the inference server as a CUDA graph, on a CPU-only machine inside each
+worker process for its own envs (``inference_backend="worker"``, one worker per core).
+The script prints the collector's frames/s, the mean inference batch size and the
+driver's CPU time per frame, then the throughput of the loop a user would write instead
+(the same envs in gymnasium's AsyncVectorEnv, the same policy acting on each step's
+batch) and the env-only throughput of the same 8 envs (random actions, no policy), both
+measured in this run, and the ratios.
 
     python examples/quickstart.py [--frames 20000] [--envs 8]
 """
@@ -15,6 +16,7 @@ ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import ale_py
@@ -87,7 +89,14 @@ def main() -> None:
     policy = SmallCNN(num_actions=6)
     policy(torch.zeros(1, 4, 105, 80, dtype=torch.uint8))  # sizes the lazy layer
 
-    how = "cuda, as a CUDA graph" if cuda else "cpu"
+    if cuda:  # one batching server, its whole step a CUDA graph
+        how, placement = "cuda, as a CUDA graph", {"cuda_graph": True}
+    else:  # no GPU: each worker process runs the policy for its own envs, one per core
+        cores = os.cpu_count() or 1
+        fewest = -(-args.envs // cores)  # envs per worker for a worker per core
+        per_worker = next(k for k in range(fewest, args.envs + 1) if args.envs % k == 0)
+        how = f"cpu, in each of {args.envs // per_worker} worker processes"
+        placement = {"inference_backend": "worker", "envs_per_worker": per_worker}
     print(f"collecting {args.frames} frames from {args.envs} Pong envs, policy on {how}")
     with AsyncBatchedCollector(
         [make_pong] * args.envs,
@@ -96,7 +105,7 @@ def main() -> None:
         total_frames=args.frames,
         transport="process_slots",
         policy_device=device,
-        cuda_graph=cuda,
+        **placement,
     ) as collector:
         start, frames = None, 0
         with tqdm(total=args.frames, unit="frame", desc="collecting") as bar:

@@ -74,9 +74,6 @@ def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> N
     import cloudpickle
 
     torch.set_num_threads(1)  # the other cores step the other workers' envs
-    # Grad mode is per thread: this worker's own thread never needs it, and setting it
-    # once spares every forward an inference-mode context.
-    torch.set_grad_enabled(False)
     source = cloudpickle.loads(policy.payload)
     module = source() if policy.is_factory else source
     config = policy.config
@@ -84,7 +81,10 @@ def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> N
     try:
         own_process = policy.driver_pid != os.getpid()
         local = LocalEnd(end, spec, config, module, board, own_process=own_process)
-        run_worker(local, spec)
+        # Inference mode is per thread, and this thread only ever acts: entered once, it
+        # spares every forward its context and its ops their autograd bookkeeping.
+        with torch.inference_mode():
+            run_worker(local, spec)
     except ChannelClosed:
         if own_process:  # the driver may be gone: nobody else would unlink the board
             unlink_segment(policy.board)
