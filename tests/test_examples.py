@@ -287,6 +287,22 @@ def test_worker_splits_benchmark(tmp_path):
 
 
 @pytest.mark.slow
+def test_cheap_envs_benchmark(tmp_path):
+    out_file = tmp_path / "cheap.json"
+    run(
+        "benchmarks/cheap_envs.py",
+        *("--repeats", "1", "--seconds", "0.3", "--cases", "cartpole1", "cartpole4"),
+        *("--out", str(out_file)),
+    )
+    summary = json.loads(out_file.read_text())["summary"]
+    assert summary["cartpole1"]["best_plain_loop"] in ("plain_env", "sync_vector", "async_vector")
+    for case in ("cartpole1", "cartpole4"):
+        for name in ("rlcollect[thread]", "rlcollect[worker]"):
+            assert summary[case][name]["fps"] > 0 and summary[case][name]["round_trip_p50_us"] > 0
+    assert (tmp_path / "cheap.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_tuning_sweep_quick(tmp_path):
     # Two points of two series in fresh processes, tiny windows: the sweep's JSON as the
     # tuning guide reads it.
