@@ -27,8 +27,9 @@ every worker starts from the driver's weights (version 0), even when each builds
 policy from a factory.
 
 A worker seeded with ``seed`` draws its exploration noise from a stream of its own
-(``seed`` and its index), swapped in around each forward: its envs' actions depend only
-on what its envs returned, so a seeded run repeats exactly, batch for batch.
+(``seed`` and its index; in a process its generator is seeded once, in a thread the
+stream is swapped in around each forward): its envs' actions depend only on what its
+envs returned, so a seeded run repeats each env's stream exactly.
 """
 
 from __future__ import annotations
