@@ -237,8 +237,11 @@ def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
         assert stats["frames"] == 16 * len(batches)  # every batch exact; only delivered rows
         # past max_collector_restarts: the error names the collector and its envs
         ray.kill(c._fleet.members[0].handle)
+        deadline = time.monotonic() + 300
         with pytest.raises(WorkerError, match=r"collector 0 \(envs 0-1, on .*\) was lost") as info:
-            for _ in range(3000):
+            # a hang guard, not a speed bound: collector 1 streams on (any number of
+            # batches) until Ray reports the death, slowly on a busy machine
+            while time.monotonic() < deadline:
                 batches.append(next(c))
         assert info.value.worker_index == 0
         assert any("max_collector_restarts=1" in note for note in info.value.__notes__)
