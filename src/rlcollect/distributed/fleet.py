@@ -8,8 +8,12 @@ bounded ``ray.wait``.
 
 Every wait is bounded: ``ray.wait`` and ``ray.get`` take a timeout; an actor that sends
 nothing for ``QUIET_S`` seconds is pinged, and one that does not answer its ping within
-``PING_TIMEOUT_S`` seconds counts as lost. Ray itself reports an actor whose process
-died or whose node was lost (``RayActorError``) within seconds.
+``PING_TIMEOUT_S`` seconds counts as lost. An actor still starting (placed by Ray,
+building its collector: its ``ready`` call is outstanding) is not pinged, since the ping
+would only queue behind its constructor and a busy node can take minutes to start the
+workers; it counts as lost when it has not started within the start timeout. Ray itself
+reports an actor whose process died or whose node was lost (``RayActorError``) within
+seconds.
 
 A lost actor (``Fleet._lose``) is replaced while ``max_collector_restarts`` allows: the
 rows it still held back are released with their episodes ended (``assembly.HoldBack``),
@@ -113,12 +117,14 @@ class Fleet:
         self.version = 0
         self._lock = threading.RLock()  # the learner's updates beside the polling thread
         self._closed = False
+        self._start_timeout = 0.0  # set by start(); bounds a restarted actor's start too
 
     # ------------------------------------------------------------------ start
 
     def start(self, timeout: float) -> None:
         """Start every actor and wait (at most ``timeout`` s) until each has built its
         collector; raises the first one's error otherwise."""
+        self._start_timeout = timeout
         for m in self.members:
             self._spawn(m)
         deadline = time.monotonic() + timeout
@@ -249,12 +255,16 @@ class Fleet:
                         rows_wanted -= m.frames_per_batch
 
     def _watch(self) -> list[Rows]:
-        """Ping actors that have been quiet; lose those that do not answer (returns
-        the rows they held back)."""
+        """Ping actors that have been quiet; lose those that do not answer, or do not
+        start in time (returns the rows they held back)."""
         now = time.monotonic()
         out: list[Rows] = []
         for m in self.members:
-            if m.ping_sent is not None and now - m.ping_sent > PING_TIMEOUT_S:
+            if _starting(m):  # last_seen: when it was spawned
+                if now - m.last_seen > self._start_timeout:
+                    why = f"it did not start within {self._start_timeout:.0f} s"
+                    out.extend(self._lose(m, why))
+            elif m.ping_sent is not None and now - m.ping_sent > PING_TIMEOUT_S:
                 out.extend(self._lose(m, f"it did not answer for {PING_TIMEOUT_S:.0f} s"))
             elif m.ping_sent is None and now - m.last_seen > QUIET_S:
                 m.calls[m.handle.ready.remote()] = "ping"
