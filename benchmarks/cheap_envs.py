@@ -54,19 +54,29 @@ def policy(env: str) -> torch.nn.Module:
     return GumbelMLP(4, 2) if env == "cartpole" else policy_for(env)
 
 
+def timed(step: Callable[[], int], seconds: float) -> float:
+    """Frames/s of calling ``step`` (which returns the frames it stepped) for ``seconds``."""
+    frames, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        frames += step()
+    return frames / (time.perf_counter() - start)
+
+
 def plain_loop(vector: type, env: str, n: int, seconds: float) -> float:
     """Frames/s of a hand-written loop: policy on the batch, then one vector step."""
     envs = vector([ENVS[env]] * n)
     acting = policy(env)
+    obs = envs.reset(seed=0)[0]
+
+    def step() -> int:
+        nonlocal obs
+        with torch.inference_mode():
+            action = acting(torch.from_numpy(np.asarray(obs))).numpy()
+        obs = envs.step(action)[0]  # the vector env resets finished envs itself
+        return n
+
     try:
-        obs, _ = envs.reset(seed=0)
-        frames, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            with torch.inference_mode():
-                action = acting(torch.from_numpy(np.asarray(obs))).numpy()
-            obs, *_ = envs.step(action)
-            frames += n
-        return frames / (time.perf_counter() - start)
+        return timed(step, seconds)
     finally:
         envs.close()
 
@@ -75,17 +85,19 @@ def single_loop(env: str, seconds: float) -> float:
     """Frames/s of the plainest loop: one env, the policy on its observation, a step."""
     instance = ENVS[env]()
     acting = policy(env)
+    obs = instance.reset(seed=0)[0]
+
+    def step() -> int:
+        nonlocal obs
+        with torch.inference_mode():
+            action = acting(torch.from_numpy(np.asarray(obs))[None]).numpy()[0]
+        obs, _, terminated, truncated, _ = instance.step(action)
+        if terminated or truncated:
+            obs = instance.reset()[0]
+        return 1
+
     try:
-        obs, _ = instance.reset(seed=0)
-        frames, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            with torch.inference_mode():
-                action = acting(torch.from_numpy(np.asarray(obs))[None]).numpy()[0]
-            obs, _, terminated, truncated, _ = instance.step(action)
-            if terminated or truncated:
-                obs, _ = instance.reset()
-            frames += 1
-        return frames / (time.perf_counter() - start)
+        return timed(step, seconds)
     finally:
         instance.close()
 

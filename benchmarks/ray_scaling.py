@@ -118,6 +118,7 @@ def run_local(args: argparse.Namespace, envs: int) -> dict[str, float]:
         policy_for(args.env),
         frames_per_batch=args.frames_per_batch,
         policy_device="cpu",
+        inference_backend=args.inference,
     ) as collector:
         return timed(collector, args.warmup, args.seconds)
 
@@ -142,6 +143,7 @@ def run_ray(args: argparse.Namespace, nodes: int, cores: int, envs: int) -> dict
             frames_per_batch=args.frames_per_batch,
             resources_per_collector={"num_cpus": cores},
             policy_device="cpu",
+            inference_backend=args.inference,
         ) as collector:
             assert len({m.node for m in collector._fleet.members}) == nodes
             return timed(collector, args.warmup, args.seconds)
@@ -170,6 +172,12 @@ def main() -> None:
     parser.add_argument("--env-us", type=float, default=500.0, help="CPU per CartPole step")
     parser.add_argument("--envs-per-core", type=int, default=1)
     parser.add_argument("--frames-per-batch", type=int, default=1024)
+    parser.add_argument(
+        "--inference",
+        choices=["thread", "process", "worker"],
+        default="thread",
+        help="inference_backend of every collector, local and on the nodes",
+    )
     parser.add_argument("--seconds", type=float, default=15.0, help="measured window")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)

@@ -41,13 +41,28 @@ STORE = 100 * 2**20  # bytes of object store per node: batches here are kilobyte
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": STORE},
-    )
+    # Ray runs its workers (the collector actors, and so their env workers) at niceness
+    # 15, below everything else on the machine: beside two busy processes they get a
+    # few percent of a core, and a restarted actor takes minutes to import torch. These
+    # tests are about the collector's behaviour, not Ray's priorities: the nodes started
+    # here pass this variable on to the workers they start, which then stay at 0.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_worker_niceness", "0")
+        c = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "object_store_memory": STORE,
+            },
+        )
+        try:
+            for _ in range(2):
+                c.add_node(num_cpus=NODE_CPUS, object_store_memory=STORE)
+        except BaseException:
+            c.shutdown()
+            raise
     try:
-        for _ in range(2):
-            c.add_node(num_cpus=NODE_CPUS, object_store_memory=STORE)
         ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
         # Every node registered, before a collector sizes its actors from the cluster
         wait_until(
@@ -151,6 +166,37 @@ def test_streams_are_those_of_the_local_collector(cluster):
         assert n >= 32, (i, n)  # every env took part
         for key in ("observation", "action", "episode", "step", ("next", "reward")):
             assert torch.equal(local[i][key][:n], spread[i][key][:n]), (i, key)
+
+
+def test_policy_in_each_nodes_workers(cluster):
+    """inference_backend="worker" through Ray: each node's env workers run the policy
+    (no server); streams whole, weight updates reach every node, and each node's weights
+    board is among the segments the driver cleans up."""
+    policy = ConstantPolicy(1)
+    kwargs = {"frames_per_batch": 32, "total_frames": -1, "policy_device": "cpu", "seed": 3}
+    with make(4, policy, inference_backend="worker", **kwargs) as c:
+        boards = [n for m in c._fleet.members for n in m.segments if n.startswith("rlcb_")]
+        assert len(boards) == 2 and all(shm_exists(n) for n in boards)  # one per node
+        batches = [next(c) for _ in range(4)]
+        with torch.no_grad():
+            policy.value.fill_(4)
+        assert c.update_policy_weights_(policy) == 1
+        deadline = time.monotonic() + 300
+        updated = torch.zeros(4, dtype=torch.bool)
+        while not bool(updated.all()):  # until every env (both nodes) stepped on version 1
+            batches.append(next(c))
+            new = batches[-1]["policy_version"] == 1
+            updated[batches[-1]["env_index"][new]] = True
+            assert time.monotonic() < deadline, "the new weights reach no env"  # hang guard
+        stats = c.stats()
+    assert not any(shm_exists(n) for n in boards)
+    assert all(s["server"]["batches"] > 0 for s in stats["collectors"])
+    data = torch.cat(batches)
+    assert check_restarted_streams(data, counting_policy=False) == {0: 0, 1: 0, 2: 0, 3: 0}
+    version = data["policy_version"]
+    assert torch.equal(data["action"], torch.where(version == 0, 1, 4))
+    for rows in streams(data).values():  # per env, versions never go back
+        assert bool((rows["policy_version"].diff() >= 0).all())
 
 
 def test_background_collection_pause_and_weight_updates(cluster):

@@ -36,6 +36,7 @@ from rlcollect.collector.collector import AsyncBatchedCollector
 from rlcollect.distributed.failures import Failure, describe
 from rlcollect.distributed.rows import Rows, to_rows
 from rlcollect.errors import CollectorError
+from rlcollect.inference.in_workers import WorkerInference
 from rlcollect.inference.process import ProcessInference
 from rlcollect.transports.process_slots import ProcessSlotTransport
 
@@ -260,6 +261,6 @@ def _segments(collector: AsyncBatchedCollector) -> list[str]:
     names = []
     if isinstance(collector.transport, ProcessSlotTransport) and collector.transport.shm_name:
         names.append(collector.transport.shm_name)
-    if isinstance(collector.server, ProcessInference):
+    if isinstance(collector.server, ProcessInference | WorkerInference):
         names.append(collector.server.shm_name)
     return names

@@ -60,6 +60,7 @@ class WorkerInference(InferenceBackend):
             config.weights, config.layout.num_workers, initial
         )
         self._last_stats: dict[str, Any] = {}
+        self.shm_name = self._board.name  # the board's segment (unlinked by stop())
 
     def local_policy(self) -> LocalPolicy:
         """What a worker builds its policy and finds the board from."""
