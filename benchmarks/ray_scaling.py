@@ -127,6 +127,9 @@ def run_ray(args: argparse.Namespace, nodes: int, cores: int, envs: int) -> dict
     """``nodes`` simulated nodes of ``cores`` cores, ``envs`` envs on each."""
     from ray.cluster_utils import Cluster
 
+    # Ray starts its workers (the collector actors and so their env workers) at niceness
+    # 15 unless told otherwise; the local collector runs at 0. The nodes pass this on.
+    os.environ["RAY_worker_niceness"] = str(args.worker_niceness)  # noqa: SIM112 (Ray spells it so)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": STORE},
@@ -172,6 +175,9 @@ def main() -> None:
     parser.add_argument("--env-us", type=float, default=500.0, help="CPU per CartPole step")
     parser.add_argument("--envs-per-core", type=int, default=1)
     parser.add_argument("--frames-per-batch", type=int, default=1024)
+    parser.add_argument(
+        "--worker-niceness", type=int, default=0, help="of Ray's workers (Ray's own default: 15)"
+    )
     parser.add_argument(
         "--inference",
         choices=["thread", "process", "worker"],
