@@ -190,9 +190,15 @@ def test_train_ratio_makes_collection_wait_for_the_learner(transport):
         # thousands of rows in this window)
         assert not threading.Event().wait(0.3)
         assert rb.written <= starts + fpb + sampled / ratio
+        # two batches past learning_starts (allowed: the learner sampled for 480 rows),
+        # so the throttle has waited, however briefly, before the second
+        wait_until(lambda: rb.written >= starts + 2 * fpb, what="two batches past the start")
         stats = c.stats()
         assert stats["throttle_wait_seconds"] > 0
-        assert stats["train_ratio"] == pytest.approx(ratio, rel=0.5)
+        # This learner samples without waiting its turn: on a busy machine it may sample
+        # more than `ratio` rows per row collected (the stat says so), but collection
+        # never leads it by more than one batch, so the ratio is never much below.
+        assert stats["train_ratio"] >= sampled / (fpb + sampled / ratio)
         # shutdown works while collection waits for the learner
     check_clean(c)
     # every row written once, none lost while collection waited
