@@ -467,11 +467,69 @@ def test_ppo_atari_both_loops(tmp_path):
     assert overlap["summary"]["policy_lag"]["counts"] == {"0": 1, "1": 1}
     assert overlap["summary"]["target"]["env_step"] == 50
     # --plot's figure of several runs, drawn here rather than in one more process
-    spec = importlib.util.spec_from_file_location("ppo_atari", ROOT / "examples/ppo_atari.py")
-    ppo_atari = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ppo_atari)
+    ppo_atari = load_example("ppo_atari")
     ppo_atari.plot(list(results.values()), tmp_path / "compare.png")
     assert (tmp_path / "compare.png").stat().st_size > 0
+
+
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"examples/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures a CUDA graph")
+def test_ppo_atari_graphed_learner_matches_eager(monkeypatch):
+    # The learner's minibatch step as a CUDA graph does the eager step's arithmetic: from
+    # the same weights, on the same rollouts and permutations, three updates each leave
+    # the same weights and report the same losses. A graph that read stale inputs (the
+    # rows, the rollout, the learning rate) or whose capture left the weights or Adam's
+    # state moved would drift at once.
+    ppo_atari = load_example("ppo_atari")
+    flags = ["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "4"]
+    monkeypatch.setattr(sys, "argv", ["ppo_atari.py", *flags, "--total-timesteps", "1024"])
+    args = ppo_atari.parse_args()
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    initial = ppo_atari.Agent(6).to(device)
+    n, t = args.num_envs, args.num_steps
+    rollouts = []
+    for _ in range(3):
+        done = torch.rand(n, t, device=device) < 0.05
+        rollouts.append({
+            "obs": torch.randint(0, 256, (n, t, 4, 84, 84), dtype=torch.uint8, device=device),
+            "action": torch.randint(0, 6, (n, t), device=device),
+            "logprob": math.log(1 / 6) + 0.1 * torch.randn(n, t, device=device),
+            "value": torch.randn(n, t, device=device),
+            "reward": torch.randint(-1, 2, (n, t), device=device).float() * done,
+            "done": done,
+            "last_next_obs": torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8,
+                                           device=device),
+        })  # fmt: skip
+    results = {}
+    for graphed in (False, True):
+        args.graph_learner = graphed
+        agent = ppo_atari.Agent(6).to(device)
+        agent.load_state_dict(initial.state_dict())
+        learner = ppo_atari.PPO(agent, args, device)
+        torch.manual_seed(1)  # the same minibatch permutations for both
+        stats = [learner.update(rollout, i) for i, rollout in enumerate(rollouts, 1)]
+        assert (learner.graph is not None) == graphed
+        results[graphed] = stats, [p.detach().clone() for p in agent.parameters()]
+    (eager_stats, eager_params), (graph_stats, graph_params) = results[False], results[True]
+    pairs = zip(eager_params, initial.parameters(), strict=True)
+    moved = max((p - q).abs().max().item() for p, q in pairs)
+    assert moved > 1e-4  # the updates did change the weights
+    for p, q in zip(eager_params, graph_params, strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+    for eager, graph in zip(eager_stats, graph_stats, strict=True):
+        assert graph.keys() == eager.keys()
+        for key in eager:
+            assert graph[key] == pytest.approx(eager[key], rel=1e-3, abs=1e-6), key
 
 
 @pytest.mark.slow
