@@ -115,7 +115,10 @@ def test_exact_batches_env_index_streams_replay_buffer_and_stats(cluster):
     assert [b.batch_size[0] for b in batches] == [24] * 10 + [10]
     data = torch.cat(batches)
     check_counting_streams(data)  # routed, whole, in order, env_index == the env's own id
-    assert sorted(data["env_index"].unique().tolist()) == [0, 1, 2, 3, 4]
+    # Which envs made the 250 frames is the scheduler's choice: beside busy processes an
+    # env's worker process was once starved until the budget was met (busy run 8 of
+    # 2026-12-02), so no env is required to appear, only every row to name one of the 5.
+    assert set(data["env_index"].unique().tolist()) <= {0, 1, 2, 3, 4}
     assert rb.rows() == 250 and all(a is b for a, b in zip(rb.parts, batches, strict=True))
     assert stats["frames"] == 250 and stats["batches"] == 11
     assert stats["collector_restarts"] == 0 and stats["policy_version"] == 0
