@@ -56,6 +56,16 @@ def run(env_fns, transport, **kwargs):
     return c, data
 
 
+def check_env_indices(data, num_envs):
+    """Every row names one of the ``num_envs`` envs (``check_counting_streams``: its own).
+    Which workers' envs made the budget is the scheduler's choice: a worker process that
+    starts late beside busy processes may make none before it is met (a Ray test saw
+    this), so no env is required to appear. (One worker's envs all appear: see
+    ``test_a_vector_env_reusing_its_result_arrays_gives_whole_streams``.)"""
+    ids = set(data["env_index"].unique().tolist())
+    assert ids and ids <= set(range(num_envs)), ids
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("envs_per_worker", [1, 2])
 def test_sync_vector_envs_give_whole_streams(transport, mode, envs_per_worker):
@@ -63,7 +73,7 @@ def test_sync_vector_envs_give_whole_streams(transport, mode, envs_per_worker):
     assert c.num_envs == 12
     assert data.batch_size[0] == 1500
     check_counting_streams(data)  # routing, order, no gap, reset steps never transitions
-    assert set(data["env_index"].unique().tolist()) == set(range(12))
+    check_env_indices(data, 12)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -87,7 +97,7 @@ def test_async_vector_envs_route_by_env_id(transport, mode, envs_per_worker, sub
     )
     assert c.num_envs == 4 * sub_envs
     check_counting_streams(data)
-    assert set(data["env_index"].unique().tolist()) == set(range(4 * sub_envs))
+    check_env_indices(data, 4 * sub_envs)
     # requests carry the sub-envs one result returned: batches are whole requests
     sizes = c.stats()["server"]["batch_sizes"]
     assert all(size % batch == 0 for size in sizes), sizes
