@@ -14,6 +14,7 @@ into them.
 from __future__ import annotations
 
 import abc
+import mmap
 from collections import deque
 from collections.abc import Mapping
 
@@ -54,6 +55,20 @@ class ChunkBuilder(abc.ABC):
     @abc.abstractmethod
     def add_chunk(self, worker: int, slot: int) -> None:
         """Copy chunk ``slot`` of ``worker`` out of the ring (the slot may be reused after)."""
+
+    def prefault(self) -> None:
+        """Map every page of the batch being built now, before its rows arrive.
+
+        A batch's tensors are fresh memory (:meth:`_allocate`), and the kernel maps a
+        page of it only when it is first written: for a large round (about 230 MB of
+        Atari frames for 32 envs and 128 steps) those faults cost about as much as the
+        copy itself. On-policy, every env waits for the round's copy before its next
+        round starts, while the consumer has nothing to do during the round (chunks
+        arrive at its end): so the chunk loop calls this then. One byte is written per
+        page, each later overwritten by the copy; numpy writes them without the GIL.
+        """
+        for array in self._arrays.values():
+            array.reshape(-1).view(np.uint8)[:: mmap.PAGESIZE] = 0
 
     def _allocate(self, rows: int) -> None:
         """Fresh tensors of ``rows`` rows for the next batch; none once the budget is spent."""

@@ -165,6 +165,9 @@ class ChunkLoop:
             quiet_point()
             quiet_point = self._background.check_stopping  # inside the round
             gate.open(self._in_round)
+            # The round runs now, and its chunks come at its end: the batch's first-touch
+            # page faults are paid meanwhile instead of at the round's barrier.
+            builder.prefault()
         while not builder.ready:
             quiet_point()
             if self._stalls is not None:
