@@ -8,7 +8,8 @@ spent (:attr:`ChunkBuilder.exhausted`).
 
 Each batch gets tensors of its own, allocated when the previous one is handed out: the
 caller keeps a batch as long as it likes, and the ring's rows are copied once, straight
-into them.
+into them. Their memory is reused once the caller has let go of an earlier batch
+(``batch_memory.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from rlcollect._tensordict import TensorDict
+from rlcollect.collector.batch_memory import BatchMemory
 from rlcollect.transports.layout import Field, Key, RingLayout
 
 __all__ = ["ChunkBuilder"]
@@ -37,6 +39,7 @@ class ChunkBuilder(abc.ABC):
         self._ready: deque[TensorDict] = deque()
         self._tensors: dict[Key, torch.Tensor] = {}  # the batch being built
         self._arrays: dict[Key, np.ndarray] = {}  # the same memory, for numpy's copies
+        self.memory = BatchMemory(self._fields)
 
     @property
     def ready(self) -> int:
@@ -59,7 +62,7 @@ class ChunkBuilder(abc.ABC):
     def prefault(self) -> None:
         """Map every page of the batch being built now, before its rows arrive.
 
-        A batch's tensors are fresh memory (:meth:`_allocate`), and the kernel maps a
+        A batch's tensors may be fresh memory (:meth:`_allocate`), and the kernel maps a
         page of it only when it is first written: for a large round (about 230 MB of
         Atari frames for 32 envs and 128 steps) those faults cost about as much as the
         copy itself. On-policy, every env waits for the round's copy before its next
@@ -71,13 +74,16 @@ class ChunkBuilder(abc.ABC):
             array.reshape(-1).view(np.uint8)[:: mmap.PAGESIZE] = 0
 
     def _allocate(self, rows: int) -> None:
-        """Fresh tensors of ``rows`` rows for the next batch; none once the budget is spent."""
+        """Tensors of ``rows`` rows for the next batch, in memory no earlier batch still
+        in use can reach; none once the budget is spent."""
         if rows == 0:
             self._tensors, self._arrays = {}, {}
             return
+        arrays = self.memory.take(rows)
         self._tensors = {
-            f.key: torch.from_numpy(np.empty((rows, *f.shape), dtype=f.dtype)) for f in self._fields
+            f.key: torch.from_numpy(a) for f, a in zip(self._fields, arrays, strict=True)
         }
+        # Views through the tensors: only the tensors' storages hold the arrays themselves.
         self._arrays = {key: t.numpy() for key, t in self._tensors.items()}
 
     def _queue(self, shape: tuple[int, ...]) -> None:

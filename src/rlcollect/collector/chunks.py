@@ -129,6 +129,12 @@ class ChunkLoop:
         )
 
     @property
+    def batch_memory_reuses(self) -> int:
+        """Batches built in the memory of an earlier batch already let go
+        (``batch_memory.py``)."""
+        return self._builder.memory.reused
+
+    @property
     def exhausted(self) -> bool:
         """``total_frames`` are all in batches already handed out."""
         return self._builder.exhausted and not self._builder.ready

@@ -376,6 +376,7 @@ class AsyncBatchedCollector(CollectorFacade):
             "batches": self._chunks.batches,
             **self._throughput(frames),
             "consumer_wait_seconds": self._chunks.wait_seconds,
+            "batch_memory_reuses": self._chunks.batch_memory_reuses,
             "policy_version": self.policy_version,
             "episodes": self._chunks.episodes.stats(),
         }

@@ -1,0 +1,64 @@
+"""The driver's CPU per frame, collecting pixels off-policy: one configuration, one JSON line.
+
+The driver process does the consumer's work only when the envs and the policy run
+elsewhere (``transport="process_slots"``, ``inference_backend="process"``): waiting for
+chunks and copying them into batches. This collects 4 ale-py Pong envs (4x105x80 uint8
+frames, ``benchmarks/common.py``) with the small CNN on the CPU in batches of 1024, drops
+each batch as a training loop would, and prints the driver's CPU milliseconds per frame
+(``time.process_time``, every thread of this process) after the first batch, with
+``stats()["batch_memory_reuses"]`` where the ``rlcollect`` imported has it. For an A/B,
+run it once per tree, interleaved (``PYTHONPATH=<tree>/src``)::
+
+    python benchmarks/experiments/driver_cpu.py [--frames 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import ENVS
+from policies import policy_for
+
+from rlcollect import AsyncBatchedCollector
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--frames", type=int, default=16_384)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    with AsyncBatchedCollector(
+        [ENVS["pong"]] * 4,
+        policy_for("pong"),
+        frames_per_batch=1024,
+        total_frames=-1,
+        transport="process_slots",
+        inference_backend="process",
+        policy_device="cpu",
+    ) as collector:
+        batches = iter(collector)
+        next(batches)  # start-up left out
+        frames, cpu, wall = 0, time.process_time(), time.perf_counter()
+        while frames < args.frames:
+            batch = next(batches)
+            frames += batch.numel()
+            del batch  # let go, as a training step does
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        reuses = collector.stats().get("batch_memory_reuses")
+    result = {
+        "driver_cpu_ms_per_frame": 1e3 * cpu / frames,
+        "frames_per_second": frames / wall,
+        "batch_memory_reuses": reuses,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
