@@ -268,3 +268,13 @@ class InfoLivesTurnString(CountingEnv):
         if self.t >= 4:
             info["lives"] = "three"
         return obs, reward, term, trunc, info
+
+
+def exit_marking(directory, env_id):
+    """A CountingEnv whose process, at its exit, writes a file named after its pid into
+    ``directory`` (an exit handler, as an env with something to clean up registers)."""
+    import atexit
+    import os
+
+    atexit.register(lambda: open(os.path.join(directory, str(os.getpid())), "w").close())
+    return CountingEnv(env_id)

@@ -10,6 +10,11 @@ each batch as a training loop would, and prints the driver's CPU milliseconds pe
 run it once per tree, interleaved (``PYTHONPATH=<tree>/src``)::
 
     python benchmarks/experiments/driver_cpu.py [--frames 16384]
+
+On a GPU machine, issue 18's configuration (16 envs, the Nature CNN as a CUDA graph on
+the GPU, either inference backend)::
+
+    python benchmarks/experiments/driver_cpu.py --envs 16 --device cuda --backend thread
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import ENVS
-from policies import policy_for
+from policies import NatureCNN, policy_for
 
 from rlcollect import AsyncBatchedCollector
 
@@ -32,16 +37,21 @@ from rlcollect import AsyncBatchedCollector
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--frames", type=int, default=16_384)
+    p.add_argument("--envs", type=int, default=4)
+    p.add_argument("--device", default="cpu", help="cuda: the Nature CNN as a CUDA graph")
+    p.add_argument("--backend", choices=["process", "thread"], default="process")
     args = p.parse_args()
     torch.set_num_threads(1)
+    gpu = args.device != "cpu"
     with AsyncBatchedCollector(
-        [ENVS["pong"]] * 4,
-        policy_for("pong"),
+        [ENVS["pong"]] * args.envs,
+        NatureCNN(6) if gpu else policy_for("pong"),
         frames_per_batch=1024,
         total_frames=-1,
         transport="process_slots",
-        inference_backend="process",
-        policy_device="cpu",
+        inference_backend=args.backend,
+        policy_device=args.device,
+        cuda_graph=gpu,
     ) as collector:
         batches = iter(collector)
         next(batches)  # start-up left out
@@ -53,6 +63,9 @@ def main() -> None:
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         reuses = collector.stats().get("batch_memory_reuses")
     result = {
+        "envs": args.envs,
+        "device": args.device,
+        "backend": args.backend,
         "driver_cpu_ms_per_frame": 1e3 * cpu / frames,
         "frames_per_second": frames / wall,
         "batch_memory_reuses": reuses,

@@ -1,5 +1,6 @@
 """What only the process transport promises: real processes, real shared memory, cleanup."""
 
+import functools
 import os
 import signal
 import stat
@@ -9,9 +10,11 @@ import threading
 import time
 
 import pytest
-from helpers import process_gone, shm_exists, wait_until
+from envs import exit_marking
+from helpers import CountingPolicy, process_gone, shm_exists, wait_until
 from programs import PaddedProgram
 
+from rlcollect import AsyncBatchedCollector
 from rlcollect.errors import CollectorError, WorkerError
 from rlcollect.testing import counting_layout, counting_programs
 from rlcollect.transports import ProcessSlotTransport
@@ -140,3 +143,26 @@ def test_start_does_not_wait_for_workers_to_read_their_programs(tmp_path, monkey
         gate.touch()
         started.wait(30)
         t.close()
+
+
+@pytest.mark.parametrize("backend", ["thread", "worker"])
+def test_stopped_workers_run_their_exit_handlers(tmp_path, backend):
+    # A stopped worker exits without the interpreter's teardown (0.4 s with torch
+    # imported, which close() would wait for), but after the exit handlers its envs
+    # registered; close() returns once every worker has exited.
+    factories = [functools.partial(exit_marking, str(tmp_path), i) for i in range(4)]
+    with AsyncBatchedCollector(
+        factories,
+        CountingPolicy(),
+        frames_per_batch=16,
+        total_frames=-1,
+        envs_per_worker=2,
+        inference_backend=backend,
+    ) as c:
+        pids = c.transport.pids
+        seen: set[int] = set()
+        deadline = time.monotonic() + 300
+        while seen != {0, 1, 2, 3}:  # every worker got going and built its envs
+            seen.update(next(c)["env_index"].tolist())
+            assert time.monotonic() < deadline, "a worker delivers nothing"  # a hang guard
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(map(str, pids))

@@ -71,20 +71,27 @@ class _ObservationWriter:
     """Copies one (possibly dict) observation into its ring fields, checking shapes."""
 
     def __init__(self, end: WorkerEnd, paths: tuple[Path, ...], *, nxt: bool) -> None:
-        self._fields = [(path, end.buffers[observation_key(path, nxt=nxt)]) for path in paths]
+        self._fields = [
+            (path, dst, dst.shape[2:], dst.dtype)
+            for path in paths
+            for dst in (end.buffers[observation_key(path, nxt=nxt)],)
+        ]
 
     def write(self, position: int, env: int, obs: Any, env_index: int) -> None:
-        for path, dst in self._fields:
+        for path, dst, shape, dtype in self._fields:
             value = obs
             for name in path:
                 value = value[name]
             arr = np.asarray(value)
-            if arr.shape != dst.shape[2:]:
+            if arr.shape != shape:
                 where = "observation" + "".join(f"[{n!r}]" for n in path)
                 raise EnvError(env_index, "the observation check") from ValueError(
                     f"env {env_index} returned an {where} of shape {arr.shape}; its "
-                    f"observation_space says {dst.shape[2:]}"
+                    f"observation_space says {shape}"
                 )
+            if arr.dtype == dtype:  # the usual case: a plain copy, half copyto's cost
+                dst[position, env] = arr
+                continue
             try:
                 # `[position, env, ...]` stays a (0-d) view for scalar observations (Discrete)
                 np.copyto(dst[position, env, ...], arr, casting="same_kind")
@@ -164,6 +171,7 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
     infos = InfoWriter(buf, spec.info_keys)
 
     env_ids = spec.env_offset + np.arange(k, dtype=np.int64)
+    ids = env_ids.tolist()  # as Python ints, for the per-step calls that name an env
     episode = np.zeros(k, dtype=np.int64)
     if spec.first_episode is not None:
         episode[:] = spec.first_episode
@@ -178,25 +186,32 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
             progress.leave()
         current.append(obs)
 
+    # Each group's columns of the per-env counters, as views made once (they follow the
+    # counters' in-place updates): a request's writes, without slicing per request.
+    group_ids = [env_ids[cols] for cols in columns]
+    group_episodes = [episode[cols] for cols in columns]
+    group_steps = [step[cols] for cols in columns]
+
     def write(p: int, g: int) -> None:
         for j in members[g]:
-            obs_writer.write(p, j, current[j], int(env_ids[j]))
+            obs_writer.write(p, j, current[j], ids[j])
         cols = columns[g]
-        env_index_field[p, cols] = env_ids[cols]
-        episode_field[p, cols] = episode[cols]
-        step_field[p, cols] = step[cols]
+        env_index_field[p, cols] = group_ids[g]
+        episode_field[p, cols] = group_episodes[g]
+        step_field[p, cols] = group_steps[g]
         end.request(p * groups + g)
 
     def write_flagged(p: int, g: int) -> None:
         assert is_init_field is not None
         cols = columns[g]
-        np.equal(step[cols], 0, out=is_init_field[p, cols])  # before the request goes out
+        np.equal(group_steps[g], 0, out=is_init_field[p, cols])  # before the request goes out
         write(p, g)
 
     # Chosen once: a feed-forward policy's loop is exactly what it was without the flag.
     emit = write if is_init_field is None else write_flagged
 
     enter, leave, STEP, RESET = progress.enter, progress.leave, Stage.STEP, Stage.RESET
+    discrete = spec.discrete_actions
     p = 0
     end.wait_slot()
     if spec.on_policy:
@@ -211,15 +226,15 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
             actions = action[p]
             for j in members[g]:
                 env = envs[j]
-                a = int(actions[j]) if spec.discrete_actions else actions[j]
+                a = int(actions[j]) if discrete else actions[j]
                 # try/except, not a context manager: this runs once per env step.
                 try:
-                    enter(STEP, int(env_ids[j]))
+                    enter(STEP, ids[j])
                     obs, r, term, trunc, info = env.step(a)
                     leave()
                 except Exception as exc:
-                    raise EnvError(int(env_ids[j]), "step") from exc
-                next_writer.write(p, j, obs, int(env_ids[j]))
+                    raise EnvError(ids[j], "step") from exc
+                next_writer.write(p, j, obs, ids[j])
                 try:
                     reward[p, j] = r
                     # numpy would take any object as a bool ("no" is True): only flags
@@ -230,21 +245,21 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                     truncated[p, j] = trunc
                     returns[j] += reward[p, j]
                 except (TypeError, ValueError) as exc:
-                    raise EnvError(int(env_ids[j]), "the step results check") from TypeError(
-                        f"env {int(env_ids[j])} returned reward={r!r}, terminated={term!r}, "
+                    raise EnvError(ids[j], "the step results check") from TypeError(
+                        f"env {ids[j]} returned reward={r!r}, terminated={term!r}, "
                         f"truncated={trunc!r}: a reward must be a real number and the flags "
                         f"bools ({exc})"
                     )
                 return_field[p, j] = returns[j]
                 length_field[p, j] = step[j] + 1
-                infos.write(p, j, info, int(env_ids[j]))
+                infos.write(p, j, info, ids[j])
                 if term or trunc:
                     try:
-                        enter(RESET, int(env_ids[j]))
+                        enter(RESET, ids[j])
                         obs, _ = env.reset()
                         leave()
                     except Exception as exc:
-                        raise EnvError(int(env_ids[j]), "reset") from exc
+                        raise EnvError(ids[j], "reset") from exc
                     episode[j] += 1
                     step[j] = 0
                     returns[j] = 0.0

@@ -76,6 +76,7 @@ safe (how the new worker tells its answers from its predecessor's: ``generations
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import mmap
 import os
@@ -88,7 +89,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 
@@ -213,12 +214,27 @@ def _worker_main() -> None:
         program(end)
     except ChannelClosed:
         unlink_segment(header.shm_name)  # the driver may have died without unlinking
-        return
+        _exit_now()
     except BaseException as exc:
         end.report(failure_from_exception(header.index, exc))
         sys.exit(1)
     end.report(failure_from_exception(header.index, RuntimeError("worker program returned")))
     sys.exit(1)
+
+
+def _exit_now() -> NoReturn:
+    """The end of a worker the driver stopped: exit handlers run and output is flushed,
+    then the process exits without the interpreter's teardown. With torch imported (the
+    ``"worker"`` inference backend) that teardown takes about 0.4 s on 2 cores, and the
+    driver's ``close`` waits for every worker to exit. The worker loop has closed the
+    envs already."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass  # no stream, or a closed one: nothing to flush
+    os._exit(0)
 
 
 # ---------------------------------------------------------------------------- driver side
