@@ -47,7 +47,8 @@ The ring protocol (who writes what, in what order, why it is safe):
   slot.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits,
-  unlinking the segment in case the driver died without doing so. The same happens when
+  unlinking the segment in case the driver died without doing so (its envs closed and
+  its exit handlers run, but no interpreter teardown: ``_exit_now``). The same happens when
   the driver dies, however it dies. A worker's death closes its end of ``reports[i]``,
   which wakes the driver's poll at once.
 * With ``inference_backend="process"`` (``request_channel``) the server runs in another
