@@ -184,6 +184,7 @@ class ChunkLoop:
                 self._check_server()
                 raise CollectorError("the transport closed while collecting") from None
             except WorkerError as error:
+                self._check_server()  # a failed server stops every worker: it is the cause
                 if self._stalls is not None:
                     error = self._stalls.explain(error)
                 if restarts is None:

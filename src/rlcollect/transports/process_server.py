@@ -104,6 +104,10 @@ class ProcessServerEnd(ServerEnd):
         if self._aborted:
             raise ChannelClosed("transport aborted")
         ready = self._chunk_poll.poll(_ms(timeout))
+        if self._aborted:
+            # Set before abort() closes the pipes that stop the workers: a worker that
+            # exited since then was stopped, and its exit is no failure of its own.
+            raise ChannelClosed("transport aborted")
         if time.monotonic() >= self._look_at:
             ready = self._dead_workers() + ready
         for fd, _ in ready:
