@@ -21,17 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import ENVS
-from policies import NatureCNN, policy_for
-
-from rlcollect import AsyncBatchedCollector
+from pong_collector import pong_collector  # beside this script
 
 
 def main() -> None:
@@ -42,17 +35,7 @@ def main() -> None:
     p.add_argument("--backend", choices=["process", "thread"], default="process")
     args = p.parse_args()
     torch.set_num_threads(1)
-    gpu = args.device != "cpu"
-    with AsyncBatchedCollector(
-        [ENVS["pong"]] * args.envs,
-        NatureCNN(6) if gpu else policy_for("pong"),
-        frames_per_batch=1024,
-        total_frames=-1,
-        transport="process_slots",
-        inference_backend=args.backend,
-        policy_device=args.device,
-        cuda_graph=gpu,
-    ) as collector:
+    with pong_collector(args.envs, args.device, args.backend, 1024) as collector:
         batches = iter(collector)
         next(batches)  # start-up left out
         frames, cpu, wall = 0, time.process_time(), time.perf_counter()

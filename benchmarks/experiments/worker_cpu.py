@@ -30,9 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import ENVS
-from policies import NatureCNN, policy_for
+from pong_collector import pong_collector  # beside this script
 
-from rlcollect import AsyncBatchedCollector
 from rlcollect.envspeed import env_throughput
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -68,17 +67,13 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     gpu = args.device != "cpu"
-    with AsyncBatchedCollector(
-        [ENVS["pong"]] * args.envs,
-        NatureCNN(6) if gpu else policy_for("pong"),
-        frames_per_batch=1024 if gpu else 256,
-        total_frames=-1,
+    with pong_collector(
+        args.envs,
+        args.device,
+        "thread" if gpu else "process",
+        1024 if gpu else 256,
         envs_per_worker=args.envs_per_worker,
         worker_splits=args.splits,
-        transport="process_slots",
-        inference_backend="thread" if gpu else "process",
-        policy_device=args.device,
-        cuda_graph=gpu,
     ) as collector:
         pids = collector.transport.pids
         batches = iter(collector)
