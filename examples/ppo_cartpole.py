@@ -13,8 +13,16 @@ rows.
 synchronous ``gymnasium.vector.SyncVectorEnv`` stepped from this process, so that both
 can be timed and compared in one run (``--loop rlcollect sync``).
 
+``--overlap`` (rlcollect only) collects the next rollout while the learner learns: a
+helper thread asks for round ``k+1`` as soon as round ``k`` is in, so the envs step
+with the weights of update ``k-1`` while update ``k`` runs, on another core. The lag is
+then exactly one update (each rollout's ``policy_version`` against the learner's count
+of updates, logged as ``policy_lag``); PPO's ratio uses the stored log-probability of
+the behaviour policy, so its clip bounds how far the stale rows move the policy.
+
     python examples/ppo_cartpole.py                                # 500k steps, seed 1
     python examples/ppo_cartpole.py --seeds 1 2 3 --loop rlcollect sync
+    python examples/ppo_cartpole.py --overlap --loop rlcollect sync  # collection beside learning
     python examples/ppo_cartpole.py --total-timesteps 4096         # a quick smoke run
 """
 
@@ -25,6 +33,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +67,25 @@ def parse_args() -> argparse.Namespace:
     # CartPole steps in microseconds, faster than any round trip to a server: each worker
     # process runs the agent itself, beside its envs (docs/tuning.md, "Cheap envs")
     p.add_argument("--inference", choices=["worker", "thread"], default="worker")
-    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes (default: one per core, but one core left to the learner "
+        "with --overlap)",
+    )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="rlcollect: collect the next rollout while the learner learns (a lag of one update)",
+    )
     p.add_argument("--out", type=Path, default=Path("examples/results"))
-    return p.parse_args()
+    args = p.parse_args()
+    if args.overlap and "rlcollect" not in args.loop:
+        p.error("--overlap is a way of running the collector: it needs --loop rlcollect")
+    if args.workers is None:
+        cores = os.cpu_count() or 1
+        args.workers = max(1, cores - 1 if args.overlap else cores)
+    return args
 
 
 def make_env() -> gym.Env:
@@ -112,30 +137,52 @@ def rlcollect_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Ite
     """Rollouts from rlcollect; after each, the caller's updated ``agent`` is pushed."""
     batch_size = args.num_envs * args.num_steps
     iterations = args.total_timesteps // batch_size
-    with AsyncBatchedCollector(
-        [make_env] * args.num_envs,
-        agent,
-        frames_per_batch=batch_size,
-        total_frames=iterations * batch_size,
-        # the envs split over about one worker process per core, each acting for its own
-        envs_per_worker=envs_per_worker(args.num_envs, args.workers),
-        inference_backend=args.inference,
-        policy_device="cpu",
-        on_policy=True,
-        seed=seed,  # env i is first reset with seed + i, as SyncVectorEnv does
-    ) as collector:
-        for batch in collector:
-            yield {
-                "obs": batch["observation"],
-                "action": batch["action"],
-                "logprob": batch["logprob"],
-                "value": batch["value"],
-                "reward": batch["next", "reward"],
-                "done": batch["next", "done"],
-                "next_obs": batch["next", "observation"],
-                "episode_return": batch["next", "episode_return"],
-            }
-            collector.update_policy_weights_(agent)  # the next rollout acts with these
+    with (
+        AsyncBatchedCollector(
+            [make_env] * args.num_envs,
+            agent,
+            frames_per_batch=batch_size,
+            total_frames=iterations * batch_size,
+            # the envs split over about one worker process per core, each acting for its own
+            envs_per_worker=envs_per_worker(args.num_envs, args.workers),
+            inference_backend=args.inference,
+            policy_device="cpu",
+            on_policy=True,
+            seed=seed,  # env i is first reset with seed + i, as SyncVectorEnv does
+        ) as collector,
+        ThreadPoolExecutor(1, thread_name_prefix="next-rollout") as helper,
+    ):
+        batches = iter(collector)
+        if not args.overlap:
+            for batch in batches:
+                yield as_rollout(batch)
+                collector.update_policy_weights_(agent)  # the next rollout acts with these
+            return
+        # Overlap: round k+1 is asked for (in the helper thread) before the learner sees
+        # round k, so it runs with the weights of update k-1 while update k is computed.
+        # The push of update k waits for round k+1 to end (an on-policy batch holds one
+        # version), and round k+2 starts with it: a lag of one.
+        pending = helper.submit(next, batches)
+        for k in range(iterations):
+            batch = pending.result()
+            if k + 1 < iterations:
+                pending = helper.submit(next, batches)
+            yield as_rollout(batch)
+            collector.update_policy_weights_(agent)
+
+
+def as_rollout(batch: Any) -> dict[str, Any]:
+    return {
+        "obs": batch["observation"],
+        "action": batch["action"],
+        "logprob": batch["logprob"],
+        "value": batch["value"],
+        "reward": batch["next", "reward"],
+        "done": batch["next", "done"],
+        "next_obs": batch["next", "observation"],
+        "episode_return": batch["next", "episode_return"],
+        "version": int(batch["policy_version"][0, 0]),  # one version per on-policy batch
+    }
 
 
 def envs_per_worker(num_envs: int, workers: int) -> int:
@@ -154,7 +201,7 @@ def sync_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Iterator
     n, t = args.num_envs, args.num_steps
     obs_np, _ = envs.reset(seed=seed)
     running = np.zeros(n)
-    for _ in range(args.total_timesteps // (n * t)):
+    for iteration in range(args.total_timesteps // (n * t)):
         rollout = {k: [] for k in ("obs", "action", "logprob", "value", "reward", "done")}
         rollout["episode_return"] = []
         for _ in range(t):
@@ -175,6 +222,7 @@ def sync_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Iterator
         # Only the last step's next observation is read (to bootstrap); at a done row it
         # is the reset one, and the done flag cuts the bootstrap there anyway.
         data["next_obs"] = torch.as_tensor(obs_np, dtype=torch.float32)[:, None].expand(-1, t, -1)
+        data["version"] = iteration  # acted with the weights of every update so far
         yield data
     envs.close()
 
@@ -189,9 +237,13 @@ def train(loop: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     iterations = args.total_timesteps // batch_size
     rollouts = rlcollect_rollouts if loop == "rlcollect" else sync_rollouts
     curve: list[tuple[int, float]] = []  # (global step at the episode's end, its return)
+    lags: list[int] = []  # updates made before each rollout's, after the weights it acted with
     start = time.perf_counter()
-    bar = tqdm(total=iterations * batch_size, desc=f"{loop} seed {seed}", unit="step")
+    overlap = loop == "rlcollect" and args.overlap
+    desc = f"{loop}{' --overlap' if overlap else ''} seed {seed}"
+    bar = tqdm(total=iterations * batch_size, desc=desc, unit="step")
     for iteration, data in enumerate(rollouts(agent, args, seed), 1):
+        lags.append(iteration - 1 - data["version"])
         # learning rate annealed linearly to 0 over the run
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / iterations
@@ -256,6 +308,7 @@ def train(loop: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     steps = iterations * batch_size
     return {
         "loop": loop,
+        "overlap": overlap,
         "seed": seed,
         "env_steps": steps,
         "wall_seconds": seconds,
@@ -263,6 +316,7 @@ def train(loop: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "episodes": len(curve),
         "mean_return_last_100": float(np.mean(returns_only[-100:])) if curve else 0.0,
         "steps_to_mean_475": steps_to_mean(curve, 475.0),
+        "policy_lag": {str(lag): lags.count(lag) for lag in sorted(set(lags))},
         "curve": curve,
     }
 
@@ -293,7 +347,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
             continue
         steps, rets = zip(*run["curve"], strict=True)
         smooth = [np.mean(rets[max(0, i - 99) : i + 1]) for i in range(len(rets))]
-        label = f"{run['loop']} seed {run['seed']} ({run['wall_seconds']:.0f} s)"
+        loop = f"{run['loop']}{', overlap' if run['overlap'] else ''}"
+        label = f"{loop} seed {run['seed']} ({run['wall_seconds']:.0f} s)"
         ax.plot(steps, smooth, color=colors[run["loop"]], alpha=0.8, label=label)
     ax.axhline(475, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("env steps")
@@ -313,7 +368,7 @@ def main() -> None:
         print(
             f"{run['loop']:9s} seed {run['seed']}: mean return (last 100) "
             f"{run['mean_return_last_100']:6.1f}, {run['wall_seconds']:6.1f} s, "
-            f"{run['steps_per_second']:6.0f} steps/s"
+            f"{run['steps_per_second']:6.0f} steps/s, policy lag {run['policy_lag']}"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {
@@ -329,9 +384,10 @@ def main() -> None:
         for loop in args.loop
     }
     doc = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "runs": runs}
-    (args.out / "ppo_cartpole.json").write_text(json.dumps(doc, indent=1))
+    name = "ppo_cartpole_overlap" if args.overlap else "ppo_cartpole"
+    (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     print(json.dumps(summary, indent=2))
-    plot(runs, args.out / "ppo_cartpole.png")
+    plot(runs, args.out / f"{name}.png")
 
 
 if __name__ == "__main__":

@@ -405,6 +405,25 @@ def test_ppo_cartpole(tmp_path):
         assert all(ret >= 8 for _, ret in run_["curve"])
     assert "rlcollect seed 1: mean return (last 100)" in out, out
     assert (tmp_path / "ppo_cartpole.png").stat().st_size > 0
+    # every rollout acted with the weights of every update before it
+    assert runs["rlcollect"]["policy_lag"] == {"0": 2} == runs["sync"]["policy_lag"]
+
+
+def test_ppo_cartpole_overlap(tmp_path):
+    # Collection beside learning: the first rollout acts with the initial weights, every
+    # later one with those of the update before the last (one behind the learner).
+    run(
+        "examples/ppo_cartpole.py",
+        *("--total-timesteps", "2048", "--num-steps", "128", "--overlap"),
+        *("--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "ppo_cartpole_overlap.json").read_text())
+    (run_,) = result["runs"]
+    assert run_["overlap"] and run_["env_steps"] == 2048
+    assert run_["policy_lag"] == {"0": 1, "1": 3}
+    steps = [step for step, _ in run_["curve"]]
+    assert steps == sorted(steps) and all(0 < s <= 2048 for s in steps)
+    assert (tmp_path / "ppo_cartpole_overlap.png").stat().st_size > 0
 
 
 def test_staleness_benchmark(tmp_path):
