@@ -71,7 +71,8 @@ def measure_collector(
     ``stats()`` say about the server (read before it shuts down).
 
     Returns:
-        :func:`measure`'s result with ``transition_chunk_size``, ``mean_batch_size``,
+        :func:`measure`'s result with ``transition_chunk_size``, ``envs_per_worker``,
+        ``worker_splits``, ``mean_batch_size``,
         ``request_latency_p50``/``_p95``, ``server_phase_seconds`` and
         ``gathers_on_device``.
     """
@@ -88,6 +89,9 @@ def measure_collector(
         result = measure(steps, warmup_s, measure_s)
         server = held[0].stats().get("server", {})
         result["transition_chunk_size"] = held[0].transition_chunk_size
+        # the layout as resolved ("auto" becomes a number)
+        result["envs_per_worker"] = held[0].envs_per_worker
+        result["worker_splits"] = held[0].worker_splits
     finally:
         steps.close()  # leaves the with block: the collector shuts down
     for key in ("mean_batch_size", "request_latency_p50", "request_latency_p95"):

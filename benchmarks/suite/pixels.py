@@ -22,6 +22,7 @@ def _collector_kwargs(config: dict[str, Any]) -> dict[str, Any]:
         "total_frames": -1,
         "transport": config["transport"],
         "envs_per_worker": config["envs_per_worker"],
+        "worker_splits": config["worker_splits"],
         "transition_chunk_size": config["chunk"],
         "policy_device": config["device"],
         "cuda_graph": config["graph"],

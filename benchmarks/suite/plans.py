@@ -25,6 +25,8 @@ class Machine:
     graph: bool  # serve the policy as a CUDA graph (collector and hand loops alike)
     num_envs: int  # envs in the pixel series
     envs_per_worker: tuple[int, ...]  # the values the pixel matrix covers
+    #: the throughput series' hand-tuned layouts: (num_envs, envs_per_worker, worker_splits)
+    tuned: tuple[tuple[int, int, int], ...]
     dqn_envs: tuple[int, ...]  # num_envs points of the DQN-loop series
     async_envs: int  # envs of the async-training series
     warmup_s: float
@@ -40,6 +42,7 @@ CPU = Machine(
     graph=False,
     num_envs=4,
     envs_per_worker=(1, 2),
+    tuned=((8, 4, 2), (16, 8, 2)),
     dqn_envs=(1, 2, 4, 8),
     async_envs=8,
     warmup_s=0.5,
@@ -53,6 +56,8 @@ GPU = Machine(
     graph=True,
     num_envs=16,
     envs_per_worker=(1, 4),
+    # issue 18's table: the best layouts measured by hand on the H200's 16 cores
+    tuned=((32, 2, 2), (48, 3, 3), (64, 4, 2)),
     dqn_envs=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     async_envs=8,
     warmup_s=0.5,
@@ -63,6 +68,7 @@ GPU = Machine(
 QUICK = replace(
     CPU,
     num_envs=2,
+    tuned=((4, 2, 2),),
     dqn_envs=(2,),
     async_envs=2,
     warmup_s=0.2,
@@ -73,7 +79,12 @@ QUICK = replace(
 # The GPU suite in device calls of under 9 minutes each: part 1 took 8 minutes on the H200,
 # part 2 about 5; part 3 about 17 (256 worker processes start slowly), so it takes two
 # calls, `--part 3` and then `--part 3 --resume DIR`, each stopping at the deadline.
-GPU_PARTS = {"1": ("peers",), "2": ("pixels", "async_training"), "3": ("dqn_loop",)}
+GPU_PARTS = {
+    "1": ("peers",),
+    "2": ("pixels", "async_training"),
+    "3": ("dqn_loop",),
+    "4": ("throughput",),
+}
 LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
 ASYNC_WINDOW = 1.5  # the async-training runs measure longer: few frames per second
 
@@ -122,8 +133,9 @@ def _rlcollect(
     m: Machine,
     transport: str,
     chunk: int | str,
-    epw: int = 1,
+    epw: int | str = 1,
     *,
+    splits: int | None = None,
     graph: bool | None = None,
     backend: str = "thread",
     prefix: str = "rlcollect",
@@ -131,8 +143,9 @@ def _rlcollect(
     graph = m.graph if graph is None else graph
     # A chunk holds the same number of steps of each of a worker's envs, so it is at
     # least envs_per_worker transitions: "1" becomes one step of each env.
-    size = chunk if chunk == "auto" else max(int(chunk), epw)
-    name = f"{transport}-chunk{size}" + (f"-epw{epw}" if epw > 1 else "")
+    size = chunk if chunk == "auto" or epw == "auto" else max(int(chunk), int(epw))
+    name = f"{transport}-chunk{size}" + (f"-epw{epw}" if epw != 1 else "")
+    name += f"-splits{splits}" if splits else ""
     name += f"-{_execution(graph)}" + ("-process_server" if backend == "process" else "")
     config = _pixel(
         m,
@@ -140,6 +153,7 @@ def _rlcollect(
         transport=transport,
         chunk=size,
         envs_per_worker=epw,
+        worker_splits=splits,
         graph=graph,
         inference_backend=backend,
     )
@@ -300,11 +314,45 @@ def async_training(m: Machine) -> Series:
     )
 
 
+def throughput(m: Machine) -> Series:
+    """The collector against the envs' own speed: defaults, ``"auto"`` and the best
+    layouts measured by hand, as envs outnumber the cores (issue 18)."""
+    fpb = 64 * m.num_envs  # 1024 on the GPU machine, as in the issue's table
+    env_only = f"env_only[{m.num_envs} procs]"
+    runs: dict[str, dict[str, Any]] = {env_only: _pixel(m, "env_only")}
+
+    def add(name: str, n: int, epw: int | str, splits: int | None = None) -> None:
+        _, config = _rlcollect(m, "process_slots", "auto", epw, splits=splits)
+        runs[f"rlcollect[{n} envs, {name}]"] = {**config, "num_envs": n, "frames_per_batch": fpb}
+
+    most = 4 * m.num_envs
+    add("defaults", m.num_envs, 1)
+    for n, epw, splits in m.tuned:
+        add(f"envs_per_worker={epw}, worker_splits={splits}", n, epw, splits)
+    add("defaults", most, 1)
+    add('envs_per_worker="auto"', most, "auto")
+    ratios = tuple((name, env_only) for name in runs if name != env_only)
+    return Series(
+        "throughput",
+        "Throughput against the envs' own speed: defaults, auto and hand-tuned layouts",
+        runs,
+        ratios,
+        notes=(
+            f"Pong 4x105x80 uint8, {m.policy} ({_execution(m.graph)}), process_slots, "
+            f"frames_per_batch = {fpb}, transition_chunk_size 'auto'.",
+            f"{env_only}: each of {m.num_envs} envs in a process of its own, random actions, "
+            "no policy (rlcollect.envspeed.env_throughput): the CPU ceiling of this machine.",
+            'envs_per_worker="auto" groups the envs into about one worker per core.',
+        ),
+    )
+
+
 SERIES = {
     "peers": peers,
     "pixels": pixels,
     "dqn_loop": dqn_loop,
     "async_training": async_training,
+    "throughput": throughput,
 }
 
 

@@ -415,6 +415,25 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
             *_notes(doc),
             "",
         ]
+    if "throughput" in docs:
+        doc = docs["throughput"]
+        _bar_plot(doc, images / f"{suite}_throughput.png", f"Against the envs' own speed ({where})")
+        out += [
+            "### Throughput against the envs' own speed",
+            "",
+            _when(doc),
+            "",
+            f"![throughput]({rel}_throughput.png)",
+            "",
+            *_fps_table(doc),
+            "",
+            "Ratios computed within each repeat, then the median:",
+            "",
+            *_ratio_table(doc),
+            "",
+            *_notes(doc),
+            "",
+        ]
     missing = [name for name in SERIES if name not in docs]
     if missing:  # say what the suite has not measured here rather than leave it out silently
         names = ", ".join(f"`{name}`" for name in missing)

@@ -27,6 +27,7 @@ from helpers import (
 from tensordict.nn import TensorDictModule
 
 from rlcollect import AsyncBatchedCollector, CollectorError, InferenceError, WorkerError
+from rlcollect.collector.checks import envs_per_worker_of, usable_cores
 from rlcollect.testing import CountingEnv
 
 
@@ -589,3 +590,17 @@ def test_box_actions_with_more_envs_per_worker_than_max_batch_size(transport):
     ends = data[data["next", "done"]]
     assert bool(ends["next", "truncated"].all()) and ends.numel() >= 4  # 200-step limit
     assert torch.equal(ends["step"], torch.full_like(ends["step"], 199))
+
+
+def test_auto_envs_per_worker_resolves_and_collects(transport):
+    # "auto" groups the envs into about one worker per core of this machine; every env's
+    # stream is still complete and in order.
+    cores = usable_cores()
+    with make(transport, n=6, envs_per_worker="auto", frames_per_batch=48, total_frames=480) as c:
+        assert c.envs_per_worker == envs_per_worker_of("auto", 6, cores)
+        data = collect(c)
+        # a policy call serves whole requests: each of a worker's envs_per_worker envs
+        sizes = c.stats()["server"]["batch_sizes"]
+    assert sizes and all(size % c.envs_per_worker == 0 for size in sizes), sizes
+    assert data.batch_size[0] == 480
+    check_counting_streams(data)

@@ -27,21 +27,23 @@ from rlcollect.transports.thread_queue import ThreadQueueTransport
 
 __all__ = [
     "BACKENDS",
-    "check_int",
     "check_env_fns",
+    "check_int",
     "check_picklable",
     "check_stall_timeout",
     "check_worker_inference",
-    "claim_transport",
     "chunk_steps_of",
+    "claim_transport",
     "compile_options_of",
     "device_of",
+    "envs_per_worker_of",
     "info_keys_of",
     "make_transport",
     "on_policy_steps",
     "policy_source",
     "splits_of",
     "throttle_of",
+    "usable_cores",
     "warn_of_thread_oversubscription",
 ]
 
@@ -58,6 +60,34 @@ def check_int(name: str, value: Any, *, minimum: int, extra: str = "") -> None:
         raise ValueError(
             f"{name} must be an int >= {minimum}{' ' + extra if extra else ''}, got {value!r}"
         )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def envs_per_worker_of(envs_per_worker: Any, factories: int, cores: int) -> int:
+    """Env factories per worker: ``envs_per_worker``, checked, or for ``"auto"`` the
+    divisor of ``factories`` that leaves the number of workers nearest ``cores``.
+
+    Nearest by ratio (16 workers are as far from 8 cores as 4 are); a tie goes to fewer
+    workers (fewer processes to start, fewer and fuller requests). So no more workers
+    than cores where a divisor allows it, and one env each while envs are fewer than
+    cores. Why about one worker per core: ``docs/tuning.md``, *envs_per_worker*.
+    """
+    if isinstance(envs_per_worker, str) and envs_per_worker == "auto":
+        divisors = [k for k in range(1, factories + 1) if factories % k == 0]
+        return min(divisors, key=lambda k: (abs(math.log(factories / k / cores)), -k))
+    check_int("envs_per_worker", envs_per_worker, minimum=1, extra='or "auto"')
+    if factories % envs_per_worker:
+        raise ValueError(
+            f"{factories} envs cannot be split into workers of envs_per_worker="
+            f"{envs_per_worker}; use a divisor of the number of envs, or \"auto\""
+        )
+    return int(envs_per_worker)
 
 
 def check_stall_timeout(value: Any) -> float | None:
@@ -323,14 +353,14 @@ def warn_of_thread_oversubscription(num_workers: int) -> None:
     The collector changes nothing itself: the pool belongs to the training script."""
     global _warned_of_threads
     threads = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if _warned_of_threads or threads <= 1 or num_workers + threads <= (cores or 1):
+    cores = usable_cores()
+    if _warned_of_threads or threads <= 1 or num_workers + threads <= cores:
         return
     _warned_of_threads = True
     warnings.warn(
         f"torch runs {threads} intra-op threads in this process (the learner's pool) "
         f"beside {num_workers} env workers on {cores} cores: they will compete for the "
-        f"cores. Call torch.set_num_threads({max(1, (cores or 1) - num_workers)}) in the "
+        f"cores. Call torch.set_num_threads({max(1, cores - num_workers)}) in the "
         "training script before creating the collector (docs/tuning.md, Torch threads).",
         RuntimeWarning,
         stacklevel=4,

@@ -77,7 +77,9 @@ class AsyncBatchedCollector(CollectorFacade):
         total_frames: transitions in all, or -1 to collect until :meth:`shutdown`.
         transport: ``"process_slots"``, ``"thread"``, or a
             :class:`~rlcollect.transports.Transport` instance (for this collector only).
-        envs_per_worker: env factories per worker; divides ``len(env_fns)``.
+        envs_per_worker: env factories per worker, a divisor of ``len(env_fns)``; or
+            ``"auto"``: the divisor that leaves about one worker per usable core (one
+            env each while envs are fewer than cores; ``docs/tuning.md``).
         worker_splits: request groups per worker (double buffering); divides
             ``envs_per_worker``; None: 1 (with vector envs: ``envs_per_worker``).
         transition_chunk_size: transitions per worker message, a multiple of the envs
@@ -121,6 +123,7 @@ class AsyncBatchedCollector(CollectorFacade):
         num_envs: envs in all (sub-envs of vector envs counted one by one).
         frames_per_batch: as given.
         total_frames: as given (-1: endless).
+        envs_per_worker: env factories per worker, resolved.
         worker_splits: request groups per worker, resolved.
         transition_chunk_size: transitions per worker message, resolved.
         policy_device: the ``torch.device`` the policy is served on.
@@ -189,7 +192,7 @@ class AsyncBatchedCollector(CollectorFacade):
         frames_per_batch: int,
         total_frames: int = -1,
         transport: Literal["thread", "process_slots"] | Transport = "process_slots",
-        envs_per_worker: int = 1,
+        envs_per_worker: int | Literal["auto"] = 1,
         worker_splits: int | None = None,
         transition_chunk_size: int | str = "auto",
         max_batch_size: int | None = None,
@@ -244,6 +247,7 @@ class AsyncBatchedCollector(CollectorFacade):
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
+        self.envs_per_worker = plan.envs_per_worker
         self.worker_splits = plan.layout.groups
         self.transition_chunk_size = plan.transition_chunk_size
         self.policy_device = plan.device

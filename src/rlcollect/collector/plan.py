@@ -87,6 +87,11 @@ class Plan:
     on_policy: bool = False
 
     @property
+    def envs_per_worker(self) -> int:
+        """Env factories per worker, resolved."""
+        return len(self.specs[0].env_fns)
+
+    @property
     def worker_envs(self) -> int:
         """Envs each worker steps (its ring columns)."""
         return self.layout.envs_per_worker
@@ -117,7 +122,7 @@ def plan_collection(
     frames_per_batch: int,
     total_frames: int,
     transport: str | Transport,
-    envs_per_worker: int,
+    envs_per_worker: int | str,
     worker_splits: int | None,
     transition_chunk_size: int | str,
     max_batch_size: int | None,
@@ -143,12 +148,9 @@ def plan_collection(
     checks.check_int("frames_per_batch", frames_per_batch, minimum=1)
     if total_frames != -1:
         checks.check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
-    checks.check_int("envs_per_worker", envs_per_worker, minimum=1)
-    if len(env_fns) % envs_per_worker:
-        raise ValueError(
-            f"{len(env_fns)} envs cannot be split into workers of envs_per_worker="
-            f"{envs_per_worker}; use a divisor of the number of envs"
-        )
+    envs_per_worker = checks.envs_per_worker_of(
+        envs_per_worker, len(env_fns), checks.usable_cores()
+    )
     if worker_splits is not None:
         checks.check_int("worker_splits", worker_splits, minimum=1, extra="or None")
         if envs_per_worker % worker_splits:
