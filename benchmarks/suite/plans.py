@@ -57,7 +57,7 @@ GPU = Machine(
     num_envs=16,
     envs_per_worker=(1, 4),
     # issue 18's table: the best layouts measured by hand on the H200's 16 cores
-    tuned=((32, 2, 2), (48, 3, 3), (64, 4, 2)),
+    tuned=((16, 2, 2), (32, 2, 2), (48, 3, 3), (64, 4, 2)),
     dqn_envs=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     async_envs=8,
     warmup_s=0.5,
@@ -135,7 +135,7 @@ def _rlcollect(
     chunk: int | str,
     epw: int | str = 1,
     *,
-    splits: int | None = None,
+    splits: int | str | None = None,
     graph: bool | None = None,
     backend: str = "thread",
     prefix: str = "rlcollect",
@@ -321,7 +321,7 @@ def throughput(m: Machine) -> Series:
     env_only = f"env_only[{m.num_envs} procs]"
     runs: dict[str, dict[str, Any]] = {env_only: _pixel(m, "env_only")}
 
-    def add(name: str, n: int, epw: int | str, splits: int | None = None) -> None:
+    def add(name: str, n: int, epw: int | str, splits: int | str | None = None) -> None:
         _, config = _rlcollect(m, "process_slots", "auto", epw, splits=splits)
         runs[f"rlcollect[{n} envs, {name}]"] = {**config, "num_envs": n, "frames_per_batch": fpb}
 
@@ -331,6 +331,7 @@ def throughput(m: Machine) -> Series:
         add(f"envs_per_worker={epw}, worker_splits={splits}", n, epw, splits)
     add("defaults", most, 1)
     add('envs_per_worker="auto"', most, "auto")
+    add('envs_per_worker="auto", worker_splits="auto"', most, "auto", "auto")
     ratios = tuple((name, env_only) for name in runs if name != env_only)
     return Series(
         "throughput",
@@ -342,7 +343,9 @@ def throughput(m: Machine) -> Series:
             f"frames_per_batch = {fpb}, transition_chunk_size 'auto'.",
             f"{env_only}: each of {m.num_envs} envs in a process of its own, random actions, "
             "no policy (rlcollect.envspeed.env_throughput): the CPU ceiling of this machine.",
-            'envs_per_worker="auto" groups the envs into about one worker per core.',
+            'envs_per_worker="auto" groups the envs into about one worker per core; '
+            'worker_splits="auto" splits each worker in two (the fewest groups above one) '
+            "where the policy runs on a GPU.",
         ),
     )
 

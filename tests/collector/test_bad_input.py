@@ -38,6 +38,8 @@ def build(env_fns=None, policy=None, **kwargs):
         ({"worker_splits": 0}, "worker_splits must be an int >= 1 or None"),
         ({"worker_splits": 2.0}, "worker_splits must be an int"),
         ({"worker_splits": True}, "worker_splits must be an int"),
+        ({"worker_splits": "many"}, 'worker_splits must be an int >= 1 or None, or "auto"'),
+        ({"envs_per_worker": "all"}, 'envs_per_worker must be an int >= 1 or "auto"'),
         (
             {"envs_per_worker": 4, "worker_splits": 3},
             "worker_splits=3 does not divide envs_per_worker=4",

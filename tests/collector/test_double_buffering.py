@@ -33,6 +33,35 @@ def test_groups_keep_every_stream_whole_and_routed(transport, envs_per_worker, s
     check_counting_streams(data)
 
 
+@pytest.mark.parametrize(
+    ("device", "envs_per_worker", "splits"),
+    [
+        ("cpu", 4, 1),  # the server's time is the envs' cores': no split
+        ("cuda", 1, 1),
+        ("cuda", 4, 2),  # the fewest groups above one
+        ("cuda", 3, 3),
+    ],
+)
+def test_auto_splits_a_worker_only_for_a_gpu_policy(device, envs_per_worker, splits):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    with counting_collector(
+        "process_slots",
+        n=2 * envs_per_worker,
+        envs_per_worker=envs_per_worker,
+        worker_splits="auto",
+        policy_device=device,
+        frames_per_batch=12 * envs_per_worker,
+        total_frames=120 * envs_per_worker,
+    ) as c:
+        assert c.worker_splits == splits
+        data = collect(c)
+        if splits > 1:  # a request is one group: a policy call serves whole groups
+            sizes = c.stats()["server"]["batch_sizes"]
+            assert all(size % (envs_per_worker // splits) == 0 for size in sizes), sizes
+    check_counting_streams(data)
+
+
 def test_a_worker_holds_one_request_per_group_at_once(transport):
     """One worker, two envs, two groups: a request is one env, and the server, told to
     wait for two rows, gets them at once, so both groups' requests are outstanding."""

@@ -38,6 +38,7 @@ __all__ = [
     "device_of",
     "envs_per_worker_of",
     "info_keys_of",
+    "is_auto",
     "make_transport",
     "on_policy_steps",
     "policy_source",
@@ -78,14 +79,14 @@ def envs_per_worker_of(envs_per_worker: Any, factories: int, cores: int) -> int:
     than cores where a divisor allows it, and one env each while envs are fewer than
     cores. Why about one worker per core: ``docs/tuning.md``, *envs_per_worker*.
     """
-    if isinstance(envs_per_worker, str) and envs_per_worker == "auto":
+    if is_auto(envs_per_worker):
         divisors = [k for k in range(1, factories + 1) if factories % k == 0]
         return min(divisors, key=lambda k: (abs(math.log(factories / k / cores)), -k))
     check_int("envs_per_worker", envs_per_worker, minimum=1, extra='or "auto"')
     if factories % envs_per_worker:
         raise ValueError(
             f"{factories} envs cannot be split into workers of envs_per_worker="
-            f"{envs_per_worker}; use a divisor of the number of envs, or \"auto\""
+            f'{envs_per_worker}; use a divisor of the number of envs, or "auto"'
         )
     return int(envs_per_worker)
 
@@ -254,19 +255,35 @@ def on_policy_steps(
     return steps
 
 
-def splits_of(worker_splits: int | None, envs_per_worker: int, source: Source) -> int:
-    """Request groups per worker: ``worker_splits``, or its default."""
+def splits_of(
+    worker_splits: int | str | None, envs_per_worker: int, source: Source, device: torch.device
+) -> int:
+    """Request groups per worker: ``worker_splits``, its default, or for ``"auto"`` the
+    fewest groups above one where the policy runs on a GPU, and one group elsewhere."""
     if source.vector:
-        if worker_splits not in (None, envs_per_worker):
+        if not (worker_splits in (None, envs_per_worker) or is_auto(worker_splits)):
             raise ValueError(
                 f"worker_splits={worker_splits}, but with vector envs each of a worker's "
                 f"envs_per_worker={envs_per_worker} vector envs is a group of its own: "
                 "leave worker_splits at None or set it to envs_per_worker"
             )
         return envs_per_worker
+    if is_auto(worker_splits):
+        # With the policy on a GPU, a group steps while another's request is served, and
+        # two groups of 4 envs ran 1.12x one group of 4 on the H200; more groups than
+        # needed make smaller requests. On the CPU the server's time is the envs' cores'
+        # and splitting never paid (docs/tuning.md, worker_splits).
+        if device.type != "cuda" or envs_per_worker == 1:
+            return 1
+        return next(d for d in range(2, envs_per_worker + 1) if envs_per_worker % d == 0)
     # Default 1: on the 2-core development machine, with the policy on the CPU, splitting
     # never paid (docs/tuning.md, worker_splits).
-    return 1 if worker_splits is None else worker_splits
+    return 1 if worker_splits is None else int(worker_splits)
+
+
+def is_auto(value: Any) -> bool:
+    """``value == "auto"``, for arguments that may also be ints or arrays."""
+    return isinstance(value, str) and value == "auto"
 
 
 # Transport instances given to a collector, by id (a user's transport need not be

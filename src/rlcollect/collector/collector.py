@@ -81,7 +81,9 @@ class AsyncBatchedCollector(CollectorFacade):
             ``"auto"``: the divisor that leaves about one worker per usable core (one
             env each while envs are fewer than cores; ``docs/tuning.md``).
         worker_splits: request groups per worker (double buffering); divides
-            ``envs_per_worker``; None: 1 (with vector envs: ``envs_per_worker``).
+            ``envs_per_worker``; None: 1 (with vector envs: ``envs_per_worker``);
+            ``"auto"``: the fewest groups above one with the policy on a GPU, 1 on
+            the CPU.
         transition_chunk_size: transitions per worker message, a multiple of the envs
             a worker steps, or ``"auto"`` (``frames_per_batch // num_envs`` steps of each
             env, 1 to 64).
@@ -193,7 +195,7 @@ class AsyncBatchedCollector(CollectorFacade):
         total_frames: int = -1,
         transport: Literal["thread", "process_slots"] | Transport = "process_slots",
         envs_per_worker: int | Literal["auto"] = 1,
-        worker_splits: int | None = None,
+        worker_splits: int | Literal["auto"] | None = None,
         transition_chunk_size: int | str = "auto",
         max_batch_size: int | None = None,
         min_batch_size: int = 1,

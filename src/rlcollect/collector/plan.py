@@ -123,7 +123,7 @@ def plan_collection(
     total_frames: int,
     transport: str | Transport,
     envs_per_worker: int | str,
-    worker_splits: int | None,
+    worker_splits: int | str | None,
     transition_chunk_size: int | str,
     max_batch_size: int | None,
     min_batch_size: int,
@@ -151,9 +151,9 @@ def plan_collection(
     envs_per_worker = checks.envs_per_worker_of(
         envs_per_worker, len(env_fns), checks.usable_cores()
     )
-    if worker_splits is not None:
-        checks.check_int("worker_splits", worker_splits, minimum=1, extra="or None")
-        if envs_per_worker % worker_splits:
+    if worker_splits is not None and not checks.is_auto(worker_splits):
+        checks.check_int("worker_splits", worker_splits, minimum=1, extra='or None, or "auto"')
+        if envs_per_worker % int(worker_splits):
             raise ValueError(
                 f"worker_splits={worker_splits} does not divide envs_per_worker="
                 f"{envs_per_worker}: a worker's envs split into equal groups"
@@ -211,7 +211,7 @@ def plan_collection(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
             "chunks do not hold every sub-env's last transition to end its episode at"
         )
-    splits = checks.splits_of(worker_splits, envs_per_worker, source)
+    splits = checks.splits_of(worker_splits, envs_per_worker, source, device)
     num_envs = len(env_fns) * source.envs
     worker_envs = envs_per_worker * source.envs
     if on_policy:
