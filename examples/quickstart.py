@@ -3,7 +3,8 @@
 8 Pong envs (grayscale, every second pixel, 4 stacked frames: 4x105x80 uint8) run in
 worker processes; a small CNN picks actions on the best device present: on a GPU
 batched by the inference server as a CUDA graph, on a CPU-only machine inside each
-worker process for its own envs (``inference_backend="worker"``, one worker per core).
+worker process for its own envs (``inference_backend="worker"``); the envs are grouped
+into about one worker process per core (``envs_per_worker="auto"``).
 The script prints the collector's frames/s, the mean inference batch size and the
 driver's CPU time per frame, then the throughput of the loop a user would write instead
 (the same envs in gymnasium's AsyncVectorEnv, the same policy acting on each step's
@@ -16,7 +17,6 @@ measured in this run, and the ratios.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import ale_py
@@ -91,13 +91,8 @@ def main() -> None:
 
     if cuda:  # one batching server, its whole step a CUDA graph
         how, placement = "cuda, as a CUDA graph", {"cuda_graph": True}
-    else:  # no GPU: each worker process runs the policy for its own envs, one per core
-        cores = os.cpu_count() or 1
-        fewest = -(-args.envs // cores)  # envs per worker for a worker per core
-        per_worker = next(k for k in range(fewest, args.envs + 1) if args.envs % k == 0)
-        how = f"cpu, in each of {args.envs // per_worker} worker processes"
-        placement = {"inference_backend": "worker", "envs_per_worker": per_worker}
-    print(f"collecting {args.frames} frames from {args.envs} Pong envs, policy on {how}")
+    else:  # no GPU: each worker process runs the policy for its own envs
+        how, placement = "cpu, in each worker process", {"inference_backend": "worker"}
     with AsyncBatchedCollector(
         [make_pong] * args.envs,
         policy,
@@ -105,8 +100,15 @@ def main() -> None:
         total_frames=args.frames,
         transport="process_slots",
         policy_device=device,
+        envs_per_worker="auto",  # about one worker process per core
+        worker_splits="auto",  # with a GPU, half of each worker steps while half waits
         **placement,
     ) as collector:
+        workers = args.envs // collector.envs_per_worker
+        print(
+            f"collecting {args.frames} frames from {args.envs} Pong envs in {workers} "
+            f"worker processes, policy on {how}"
+        )
         start, frames = None, 0
         with tqdm(total=args.frames, unit="frame", desc="collecting") as bar:
             for batch in collector:

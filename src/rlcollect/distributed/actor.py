@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from gymnasium.vector import VectorEnv
 
+from rlcollect.collector.checks import envs_per_worker_of, is_auto
 from rlcollect.collector.collector import AsyncBatchedCollector
 from rlcollect.distributed.failures import Failure, describe
 from rlcollect.distributed.rows import Rows, to_rows
@@ -109,6 +110,12 @@ class CollectorActor:
                     _with_weights, kwargs["policy_factory"], weights
                 )
         if cpus is not None:
+            if is_auto(kwargs.get("envs_per_worker")):
+                # About one worker per core Ray gave this actor, not per core of the
+                # node: other actors may share the node.
+                kwargs["envs_per_worker"] = envs_per_worker_of(
+                    "auto", len(env_fns), max(1, int(cpus))
+                )
             # This process is the collector's alone: the cores Ray gave it that its env
             # workers leave free go to torch (the policy on the CPU), and no more.
             workers = len(env_fns) // kwargs.get("envs_per_worker", 1)

@@ -148,13 +148,18 @@ def actor_options(
     group: Group,
     num_collectors: int,
     resources: Mapping[str, Any] | None,
-    envs_per_worker: int,
+    envs_per_worker: int | str,
     capacity: Capacity,
     concurrency: int,
 ) -> dict[str, Any]:
     """The Ray options of ``group``'s actor: its resources, spread over the nodes."""
     if resources is None:
-        workers = max(1, group.num_envs // envs_per_worker)
+        if checks.is_auto(envs_per_worker):
+            # A core per env, as far as a node and the share allow: the actor then lays
+            # its workers out on the cores it was given (actor.py).
+            workers = group.num_envs
+        else:
+            workers = max(1, group.num_envs // int(envs_per_worker))
         share = capacity.cpus / num_collectors
         cpus = math.floor(100 * min(workers, capacity.node_cpus, share)) / 100
         options: dict[str, Any] = {"num_cpus": cpus}
