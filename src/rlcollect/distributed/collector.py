@@ -86,7 +86,9 @@ class RayCollector(CollectorFacade):
         resources_per_collector: Ray actor options of each actor, e.g.
             ``{"num_cpus": 8, "num_gpus": 1}``; by default one CPU per worker process
             of its group (at most an even share of the cluster's CPUs, and what its
-            largest node has). Actors are spread over the nodes unless a
+            largest node has; with ``envs_per_worker="auto"``, one per env within those
+            bounds, the envs then grouped into about one worker per CPU given). Actors
+            are spread over the nodes unless a
             ``scheduling_strategy`` is given.
         max_collector_restarts: collector actors restarted in all, after dying, before
             a :class:`~rlcollect.errors.WorkerError` is raised.
