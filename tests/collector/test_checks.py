@@ -1,8 +1,10 @@
 """The argument checks' own rules: what ``envs_per_worker="auto"`` resolves to."""
 
+import os
+
 import pytest
 
-from rlcollect.collector.checks import envs_per_worker_of, usable_cores
+from rlcollect.collector.checks import cgroup_cpu_quota, envs_per_worker_of, usable_cores
 
 
 @pytest.mark.parametrize(
@@ -40,3 +42,24 @@ def test_an_int_is_checked_and_kept():
 
 def test_usable_cores_is_at_least_one():
     assert usable_cores() >= 1
+
+
+def test_a_cgroup_quota_caps_the_cores(tmp_path):
+    # cgroup v2: "<quota> <period>" in cpu.max, "max" for none
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(v2) == 1.5
+    assert usable_cores(v2) == min(2, len(os.sched_getaffinity(0)))  # 1.5 CPUs: 2 cores
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(v2) is None
+    # cgroup v1: cfs quota and period, -1 for none
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("50000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(v1.parent) == 0.5
+    assert usable_cores(v1.parent) == 1  # never below one
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_quota(v1.parent) is None
+    assert cgroup_cpu_quota(tmp_path / "none") is None  # nothing to read: no quota

@@ -12,6 +12,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -27,6 +28,7 @@ from rlcollect.transports.thread_queue import ThreadQueueTransport
 
 __all__ = [
     "BACKENDS",
+    "cgroup_cpu_quota",
     "check_env_fns",
     "check_int",
     "check_picklable",
@@ -63,11 +65,34 @@ def check_int(name: str, value: Any, *, minimum: int, extra: str = "") -> None:
         )
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, where the OS has one)."""
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use: its affinity mask (where the OS has one), capped
+    by the CPU quota of its cgroup where one is set (a container's ``--cpus``), which
+    the mask does not show."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def cgroup_cpu_quota(root: Path) -> float | None:
+    """CPUs' worth of time the cgroup mounted at ``root`` may use per period, or None
+    for no quota (or no cgroup file to read). cgroup v2 writes ``"<quota> <period>"``
+    or ``"max <period>"`` to ``cpu.max``; v1 has ``cpu/cpu.cfs_quota_us`` (-1: none)
+    and ``cpu/cpu.cfs_period_us``."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def envs_per_worker_of(envs_per_worker: Any, factories: int, cores: int) -> int:
