@@ -290,7 +290,7 @@ def splits_of(
             raise ValueError(
                 f"worker_splits={worker_splits}, but with vector envs each of a worker's "
                 f"envs_per_worker={envs_per_worker} vector envs is a group of its own: "
-                "leave worker_splits at None or set it to envs_per_worker"
+                'leave worker_splits at None or "auto", or set it to envs_per_worker'
             )
         return envs_per_worker
     if is_auto(worker_splits):
