@@ -33,18 +33,22 @@ def test_groups_keep_every_stream_whole_and_routed(transport, envs_per_worker, s
     check_counting_streams(data)
 
 
+CUDA = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
 @pytest.mark.parametrize(
     ("device", "envs_per_worker", "splits"),
     [
         ("cpu", 4, 1),  # the server's time is the envs' cores': no split
-        ("cuda", 1, 1),
-        ("cuda", 4, 2),  # the fewest groups above one
-        ("cuda", 3, 3),
+        pytest.param("cuda", 1, 1, marks=CUDA),
+        pytest.param("cuda", 4, 2, marks=CUDA),  # the fewest groups above one
+        pytest.param("cuda", 3, 3, marks=CUDA),
     ],
 )
 def test_auto_splits_a_worker_only_for_a_gpu_policy(device, envs_per_worker, splits):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     with counting_collector(
         "process_slots",
         n=2 * envs_per_worker,
