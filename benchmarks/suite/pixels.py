@@ -23,6 +23,8 @@ def _collector_kwargs(config: dict[str, Any]) -> dict[str, Any]:
         "transport": config["transport"],
         "envs_per_worker": config["envs_per_worker"],
         "worker_splits": config["worker_splits"],
+        "min_batch_size": config["min_batch_size"],
+        "batch_timeout": config["batch_timeout"],
         "transition_chunk_size": config["chunk"],
         "policy_device": config["device"],
         "cuda_graph": config["graph"],
