@@ -295,8 +295,8 @@ def splits_of(
         return envs_per_worker
     if is_auto(worker_splits):
         # With the policy on a GPU, a group steps while another's request is served: 64
-        # Pong envs in workers of 4 ran 1.22-1.24x faster in two groups than in one on
-        # the H200. More groups than needed make smaller requests. On the CPU the
+        # Pong envs in workers of 4 ran 1.20-1.24x faster in two groups than in one on
+        # the H200 (three runs). More groups than needed make smaller requests. On the CPU the
         # server's time is the envs' cores' and splitting never paid (docs/tuning.md,
         # worker_splits).
         if device.type != "cuda" or envs_per_worker == 1:
