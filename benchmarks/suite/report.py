@@ -327,6 +327,24 @@ def _dqn_plot(doc: dict[str, Any], path: Path, title: str) -> None:
     _save(fig, path)
 
 
+def _block(doc: dict[str, Any], heading: str, image: str | None, tables: list[str]) -> list[str]:
+    """One series on the page: its heading, when it ran, its figure, tables and notes."""
+    out = [f"### {heading}", "", _when(doc), ""]
+    if image is not None:
+        out += [image, ""]
+    return [*out, *tables, "", *_notes(doc), ""]
+
+
+def _fps_and_ratios(doc: dict[str, Any]) -> list[str]:
+    return [
+        *_fps_table(doc),
+        "",
+        "Ratios computed within each repeat, then the median:",
+        "",
+        *_ratio_table(doc),
+    ]
+
+
 def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Path) -> list[str]:
     first = next(iter(docs.values()))
     env = first["environment"]
@@ -345,22 +363,12 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
         day = doc["environment"]["date"].split()[0]
         title = f"rlcollect and its peers, Pong pixels, same run ({where}, {day})"
         _bar_plot(doc, images / f"{suite}_headline.png", title, headline=True)
-        out += [
-            "### rlcollect and its peers, same task, same run",
-            "",
-            _when(doc),
-            "",
+        out += _block(
+            doc,
+            "rlcollect and its peers, same task, same run",
             f"![peers]({rel}_headline.png)",
-            "",
-            *_fps_table(doc),
-            "",
-            "Ratios computed within each repeat, then the median:",
-            "",
-            *_ratio_table(doc),
-            "",
-            *_notes(doc),
-            "",
-        ]
+            _fps_and_ratios(doc),
+        )
         chunking = _chunking_table(doc)
         if chunking:
             out += [
@@ -376,64 +384,33 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
     if "pixels" in docs:
         doc = docs["pixels"]
         _bar_plot(doc, images / f"{suite}_pixels.png", f"Pixel collection matrix ({where})")
-        out += [
-            f"### Pixel collection: transports {X} chunk {X} envs per worker",
-            "",
-            _when(doc),
-            "",
+        out += _block(
+            doc,
+            f"Pixel collection: transports {X} chunk {X} envs per worker",
             f"![pixels]({rel}_pixels.png)",
-            "",
-            *_fps_table(doc),
-            "",
-            *_notes(doc),
-            "",
-        ]
+            _fps_table(doc),
+        )
     if "dqn_loop" in docs:
         doc = docs["dqn_loop"]
         _dqn_plot(doc, images / f"{suite}_dqn_loop.png", f"DQN on Pong ({where})")
-        out += [
-            "### DQN training loop: blocking `step()` vs rlcollect",
-            "",
-            _when(doc),
-            "",
+        out += _block(
+            doc,
+            "DQN training loop: blocking `step()` vs rlcollect",
             f"![dqn loop]({rel}_dqn_loop.png)",
-            "",
-            *_dqn_table(doc),
-            "",
-            *_notes(doc),
-            "",
-        ]
+            _dqn_table(doc),
+        )
     if "async_training" in docs:
         doc = docs["async_training"]
-        out += [
-            "### Async training at train ratio 2 and 16",
-            "",
-            _when(doc),
-            "",
-            *_async_table(doc),
-            "",
-            *_notes(doc),
-            "",
-        ]
+        out += _block(doc, "Async training at train ratio 2 and 16", None, _async_table(doc))
     if "throughput" in docs:
         doc = docs["throughput"]
         _bar_plot(doc, images / f"{suite}_throughput.png", f"Against the envs' own speed ({where})")
-        out += [
-            "### Throughput against the envs' own speed",
-            "",
-            _when(doc),
-            "",
+        out += _block(
+            doc,
+            "Throughput against the envs' own speed",
             f"![throughput]({rel}_throughput.png)",
-            "",
-            *_fps_table(doc),
-            "",
-            "Ratios computed within each repeat, then the median:",
-            "",
-            *_ratio_table(doc),
-            "",
-            *_notes(doc),
-            "",
-        ]
+            _fps_and_ratios(doc),
+        )
     missing = [name for name in SERIES if name not in docs]
     if missing:  # say what the suite has not measured here rather than leave it out silently
         names = ", ".join(f"`{name}`" for name in missing)
