@@ -16,13 +16,15 @@ Two ways to step the same envs, the same learner code for both:
   ``[num_envs, num_steps]`` batches all acted by the weights of the last update, which
   are pushed after every update (``update_policy_weights_``). On a GPU the acting step
   (uint8 -> float, forward, Gumbel-max sampling) is a CUDA graph (``cuda_graph=True``).
-  ALE: the envs are split into ``--vector-envs`` vector envs, each stepped whole by a
-  worker thread, so one group steps while another waits for its actions. gym: worker
-  processes over shared memory.
+  ALE: the envs are split into ``--vector-envs`` vector envs (on 16 cores, 8 of 4), each
+  stepped whole by a worker process over shared memory, each with half the cores' worth
+  of C++ threads: while one vector env's worker waits for its actions, the others'
+  threads take its cores. gym: worker processes of single envs.
 * ``--loop sync``: the baseline, a plain loop in this process: ``step()`` the whole
   ``AtariVectorEnv`` (gym: a ``gymnasium.vector.AsyncVectorEnv``), act, store, repeat.
   Made as fast as a hand-written loop reasonably gets: pinned staging, rollout storage
-  on the GPU, the acting step as a CUDA graph of its own.
+  on the GPU, the acting step as a CUDA graph of its own, twice as many C++ threads as
+  cores.
 
 The learner's minibatch step (forward, losses, backward, clip, Adam) is one CUDA graph
 on a GPU, replayed 48 times per update (``--no-graph-learner``: eager), for both loops.
@@ -165,20 +167,22 @@ def parse_args() -> argparse.Namespace:
         "--env-threads",
         type=int,
         default=None,
-        help="ale: C++ threads in all (default: every core for sync, all but "
-        "4 for rlcollect, which leaves its own threads cores: docs/tuning.md)",
+        help="ale: C++ threads in all (default: twice the cores for sync; for rlcollect "
+        "half the cores' worth per vector env, which oversubscribes the cores: "
+        "docs/training-pong.md)",
     )
     p.add_argument(
         "--vector-envs",
         type=int,
-        default=2,
-        help="ale + rlcollect: vector envs the envs are split into, one worker each",
+        default=None,
+        help="ale + rlcollect: vector envs the envs are split into, one worker each "
+        "(default: the most that divide --num-envs, at most half the cores)",
     )
     p.add_argument(
         "--transport",
         choices=["thread", "process_slots"],
-        default=None,
-        help="rlcollect (default: thread for ale, process_slots for gym)",
+        default="process_slots",
+        help="rlcollect: where the workers run",
     )
     p.add_argument("--inference-backend", choices=["thread", "process"], default="thread")
     p.add_argument(
@@ -302,10 +306,22 @@ def make_gym_env(max_frames: int) -> gym.Env:
     return gym.wrappers.FrameStackObservation(AtariRecipe(env), stack_size=4)
 
 
+def vector_envs(args: argparse.Namespace) -> int:
+    """ALE + rlcollect: how many vector envs the envs are split into."""
+    if args.vector_envs is not None:
+        return int(args.vector_envs)
+    return max(d for d in range(1, max(1, CORES // 2) + 1) if args.num_envs % d == 0)
+
+
 def env_threads(args: argparse.Namespace) -> int:
+    """ALE: C++ threads in all. Both defaults oversubscribe the cores, the fastest
+    measured on the H200 (docs/training-pong.md): each vector env stepped whole idles its
+    threads while its loop acts, and the other vector envs' threads take the cores."""
     if args.env_threads is not None:
-        return args.env_threads
-    return CORES if args.loop == "sync" else max(1, CORES - 4)
+        return int(args.env_threads)
+    if args.loop == "sync":
+        return 2 * CORES
+    return vector_envs(args) * max(1, CORES // 2)
 
 
 def num_actions(args: argparse.Namespace) -> int:
@@ -397,23 +413,22 @@ def rlcollect_rollouts(
     n, t = args.num_envs, args.num_steps
     iterations = args.total_timesteps // (n * t)
     if args.envs == "ale":
-        if n % args.vector_envs:
-            raise SystemExit(f"--num-envs {n} is not a multiple of --vector-envs")
-        threads = max(1, env_threads(args) // args.vector_envs)
+        groups = vector_envs(args)
+        if n % groups:
+            raise SystemExit(f"--num-envs {n} is not a multiple of --vector-envs {groups}")
+        threads = max(1, env_threads(args) // groups)
         env_fns = [
-            functools.partial(
-                make_ale_vector, n // args.vector_envs, threads, args.max_episode_frames
-            )
+            functools.partial(make_ale_vector, n // groups, threads, args.max_episode_frames)
         ]
-        env_fns *= args.vector_envs
-        layout: dict[str, Any] = {"transport": args.transport or "thread"}
+        env_fns *= groups
+        layout: dict[str, Any] = {"transport": args.transport}
     else:
         # the fewest envs per worker process that leave no more workers than cores
         fits = [d for d in range(1, n + 1) if n % d == 0 and n // d <= CORES]
         per_worker = args.envs_per_worker or fits[0]
         env_fns = [functools.partial(make_gym_env, args.max_episode_frames)] * n
         layout = {
-            "transport": args.transport or "process_slots",
+            "transport": args.transport,
             "envs_per_worker": per_worker,
             "worker_splits": args.worker_splits,
         }
@@ -836,6 +851,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         iterations=iterations,
         cores=CORES,
         env_threads=env_threads(args) if args.envs == "ale" else None,
+        vector_envs=vector_envs(args) if args.envs == "ale" and args.loop == "rlcollect" else None,
+        transport=args.transport if args.loop == "rlcollect" else None,
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         versions={
             "torch": torch.__version__,
