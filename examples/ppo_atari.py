@@ -29,9 +29,9 @@ Two ways to step the same envs, the same learner code for both:
 The learner's minibatch step (forward, losses, backward, clip, Adam) is one CUDA graph
 on a GPU, replayed 48 times per update (``--no-graph-learner``: eager), for both loops.
 
-``--overlap`` (rlcollect only) collects the next rollout while the learner learns: a
-helper thread asks the collector for round ``k+1`` as soon as round ``k`` is in, so the
-envs step with the weights of update ``k-1`` while update ``k`` runs. The lag is then
+``--overlap`` (rlcollect only) collects the next rollout while the learner learns
+(``policy_lag=1``): the collector starts round ``k+1`` as soon as it hands out round
+``k``, so the envs step with the weights of update ``k-1`` while update ``k`` runs. The lag is then
 exactly one update (``policy_version`` of the batch against the learner's count of
 updates, both logged); PPO's ratio uses the behaviour policy's stored log-probability,
 so its clip bounds how far the stale rows move the policy.
@@ -82,7 +82,6 @@ import functools
 import json
 import time
 from collections.abc import Generator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -433,39 +432,27 @@ def rlcollect_rollouts(
             "worker_splits": args.worker_splits,
         }
     report["collector_layout"] = layout
-    with (
-        AsyncBatchedCollector(
-            env_fns,
-            agent,
-            frames_per_batch=n * t,
-            total_frames=iterations * n * t,
-            on_policy=True,
-            policy_device=device,
-            cuda_graph=device.type == "cuda",
-            inference_backend=args.inference_backend,
-            seed=args.seed,  # env i is first reset with seed + i, as the sync loop's
-            **layout,
-        ) as collector,
-        ThreadPoolExecutor(1, thread_name_prefix="next-rollout") as helper,
-    ):
+    with AsyncBatchedCollector(
+        env_fns,
+        agent,
+        frames_per_batch=n * t,
+        total_frames=iterations * n * t,
+        on_policy=True,
+        # Overlap: round k+1 starts as soon as round k is handed out, so it runs with the
+        # weights of update k-1 while update k is computed. The push of update k waits for
+        # round k+1 to end (an on-policy batch holds one version), and round k+2 starts
+        # with it: a lag of one.
+        policy_lag=1 if args.overlap else 0,
+        policy_device=device,
+        cuda_graph=device.type == "cuda",
+        inference_backend=args.inference_backend,
+        seed=args.seed,  # env i is first reset with seed + i, as the sync loop's
+        **layout,
+    ) as collector:
         try:
-            batches = iter(collector)
-            if not args.overlap:
-                for batch in batches:
-                    yield as_rollout(batch)
-                    collector.update_policy_weights_(agent)  # the next round acts with these
-                return
-            # Overlap: round k+1 is asked for (in the helper thread) before the learner
-            # sees round k, so it runs with the weights of update k-1 while update k is
-            # computed. The push of update k waits for round k+1 to end (an on-policy
-            # batch holds one version), and round k+2 starts with it: a lag of one.
-            pending = helper.submit(next, batches)
-            for k in range(iterations):
-                batch = pending.result()
-                if k + 1 < iterations:
-                    pending = helper.submit(next, batches)
+            for batch in collector:
                 yield as_rollout(batch)
-                collector.update_policy_weights_(agent)
+                collector.update_policy_weights_(agent)  # the next round to start acts with these
         finally:
             with contextlib.suppress(Exception):  # the run's result does not hang on it
                 report["collector_stats"] = collector.stats()

@@ -13,9 +13,10 @@ rows.
 synchronous ``gymnasium.vector.SyncVectorEnv`` stepped from this process, so that both
 can be timed and compared in one run (``--loop rlcollect sync``).
 
-``--overlap`` (rlcollect only) collects the next rollout while the learner learns: a
-helper thread asks for round ``k+1`` as soon as round ``k`` is in, so the envs step
-with the weights of update ``k-1`` while update ``k`` runs, on another core. The lag is
+``--overlap`` (rlcollect only) collects the next rollout while the learner learns
+(``policy_lag=1``): the collector starts round ``k+1`` as soon as it hands out round
+``k``, so the envs step with the weights of update ``k-1`` while update ``k`` runs, on
+another core. The lag is
 then exactly one update (each rollout's ``policy_version`` against the learner's count
 of updates, logged as ``policy_lag``); PPO's ratio uses the stored log-probability of
 the behaviour policy, so its clip bounds how far the stale rows move the policy.
@@ -33,7 +34,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -137,38 +137,26 @@ def rlcollect_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Ite
     """Rollouts from rlcollect; after each, the caller's updated ``agent`` is pushed."""
     batch_size = args.num_envs * args.num_steps
     iterations = args.total_timesteps // batch_size
-    with (
-        AsyncBatchedCollector(
-            [make_env] * args.num_envs,
-            agent,
-            frames_per_batch=batch_size,
-            total_frames=iterations * batch_size,
-            # the envs split over about one worker process per core, each acting for its own
-            envs_per_worker=envs_per_worker(args.num_envs, args.workers),
-            inference_backend=args.inference,
-            policy_device="cpu",
-            on_policy=True,
-            seed=seed,  # env i is first reset with seed + i, as SyncVectorEnv does
-        ) as collector,
-        ThreadPoolExecutor(1, thread_name_prefix="next-rollout") as helper,
-    ):
-        batches = iter(collector)
-        if not args.overlap:
-            for batch in batches:
-                yield as_rollout(batch)
-                collector.update_policy_weights_(agent)  # the next rollout acts with these
-            return
-        # Overlap: round k+1 is asked for (in the helper thread) before the learner sees
-        # round k, so it runs with the weights of update k-1 while update k is computed.
-        # The push of update k waits for round k+1 to end (an on-policy batch holds one
-        # version), and round k+2 starts with it: a lag of one.
-        pending = helper.submit(next, batches)
-        for k in range(iterations):
-            batch = pending.result()
-            if k + 1 < iterations:
-                pending = helper.submit(next, batches)
+    with AsyncBatchedCollector(
+        [make_env] * args.num_envs,
+        agent,
+        frames_per_batch=batch_size,
+        total_frames=iterations * batch_size,
+        # the envs split over about one worker process per core, each acting for its own
+        envs_per_worker=envs_per_worker(args.num_envs, args.workers),
+        inference_backend=args.inference,
+        policy_device="cpu",
+        on_policy=True,
+        # Overlap: round k+1 starts as soon as round k is handed out, so it runs with the
+        # weights of update k-1 while update k is computed. The push of update k waits
+        # for round k+1 to end (an on-policy batch holds one version), and round k+2
+        # starts with it: a lag of one.
+        policy_lag=1 if args.overlap else 0,
+        seed=seed,  # env i is first reset with seed + i, as SyncVectorEnv does
+    ) as collector:
+        for batch in collector:
             yield as_rollout(batch)
-            collector.update_policy_weights_(agent)
+            collector.update_policy_weights_(agent)  # the next round to start acts with these
 
 
 def as_rollout(batch: Any) -> dict[str, Any]:

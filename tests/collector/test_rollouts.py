@@ -19,6 +19,7 @@ from helpers import (
     CountingPolicy,
     ListBuffer,
     TaggedPolicy,
+    check_clean,
     check_counting_streams,
     check_episode_figures,
     counting_envs,
@@ -26,7 +27,8 @@ from helpers import (
 )
 
 from rlcollect import AsyncBatchedCollector, ReplayBuffer
-from rlcollect.testing import CountingVectorEnv
+from rlcollect.errors import CollectorError, WorkerError
+from rlcollect.testing import CountingEnv, CountingVectorEnv
 
 # transport, inference backend
 COMBOS = [("thread", "thread"), ("process_slots", "thread"), ("process_slots", "process")]
@@ -304,3 +306,102 @@ def test_two_threads_updating_while_iterating_never_split_a_batch():
             thread.join(timeout=30)
         assert not thread.is_alive() and not errors
         assert c.policy_version > 0
+
+
+# ------------------------------------------------------------------ policy_lag=1
+
+
+@pytest.mark.parametrize("source", ["plain", "vector-SameStep"])
+@pytest.mark.parametrize("combo", COMBOS, ids=["-".join(c) for c in COMBOS])
+def test_policy_lag_one_acts_each_batch_with_the_weights_before_the_last_update(combo, source):
+    # Batch k's round starts when batch k-1 is handed out, before the update on it: its
+    # rows are all of version k-1 (batch 0: version 0), whatever the learner did since.
+    steps, num_envs = 7, SOURCES[source][1]
+    policy = TaggedPolicy(0)
+    batches = []
+    with make(combo, source, policy, steps=steps, batches=5, policy_lag=1) as c:
+        assert c.policy_lag == 1
+        for k, batch in enumerate(c):
+            assert batch.batch_size == (num_envs, steps)
+            version = max(0, k - 1)
+            assert bool((batch["policy_version"] == version).all()), batch["policy_version"]
+            assert bool((batch["tag"] == version).all()), f"batch {k} mixes weights"
+            batches.append(batch)
+            with torch.no_grad():
+                policy.tag.fill_(k + 1)
+            # The last update, after the last batch, lands too: nothing asked past it.
+            assert c.update_policy_weights_(policy) == k + 1
+        assert c.stats()["frames"] == num_envs * steps * 5
+    assert len(batches) == 5
+    data = torch.cat([b.reshape(-1) for b in batches])
+    check_counting_streams(data)
+    check_episode_figures(data)
+
+
+def test_policy_lag_one_collects_the_next_round_while_the_learner_learns():
+    # Thread transport: the envs live in this process, so their steps can be counted.
+    StepCounter.steps = 0
+    fns = [functools.partial(StepCounter, i) for i in range(4)]
+    with AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=4 * 5,
+        total_frames=4 * 5 * 3,
+        transport="thread",
+        policy_device="cpu",
+        on_policy=True,
+        policy_lag=1,
+    ) as c:
+        assert StepCounter.steps == 0  # nothing before the first batch is asked for
+        for k, _ in enumerate(c):
+            if k < 2:
+                # The caller is away (learning): round k+1 runs without another next().
+                wait_until(lambda k=k: StepCounter.steps == 20 * (k + 2), timeout=30,
+                           what=f"round {k + 1} while the learner learns")  # fmt: skip
+    # No round past the budget was started: the helper stops at the last batch.
+    assert StepCounter.steps == 60
+
+
+def test_policy_lag_one_an_env_error_in_the_next_round_reaches_the_caller(transport):
+    fns = counting_envs(4)
+    # Env 2's 17th step (episode 2, step 1) raises: in round 2, collected by the helper.
+    fns[2] = functools.partial(CountingEnv, 2, fail_at=(2, 1))
+    c = AsyncBatchedCollector(
+        fns, CountingPolicy(), frames_per_batch=4 * 7, total_frames=-1, transport=transport,
+        policy_device="cpu", on_policy=True, policy_lag=1,
+    )  # fmt: skip
+    delivered = 0
+    with pytest.raises(WorkerError, match=r"env 2 .* failed on purpose in step") as info:
+        for _ in c:
+            delivered += 1
+            assert delivered < 10, "the error never arrived"
+    assert delivered == 2  # rounds 0 and 1; round 2 failed
+    assert "Traceback" in str(info.value.__cause__)
+    check_clean(c)
+    assert not any(t.name == "rlcollect-next-round" for t in threading.enumerate())
+
+
+def test_policy_lag_one_shutdown_during_the_next_round_ends_it():
+    with make(("process_slots", "thread"), "plain", CountingPolicy(), total_frames=-1,
+              policy_lag=1) as c:  # fmt: skip
+        next(c)  # the helper now runs round 1; leave without taking it
+    check_clean(c)
+    assert not any(t.name == "rlcollect-next-round" for t in threading.enumerate())
+    with pytest.raises(CollectorError, match="shut down"):
+        next(c)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy_lag": 2}, "policy_lag must be 0 .* or 1 .*, got 2"),
+        ({"policy_lag": True}, "policy_lag must be 0 .* or 1 .*, got True"),
+        ({"policy_lag": 1, "on_policy": False}, "policy_lag=1 needs on_policy=True"),
+    ],
+)
+def test_bad_policy_lag_is_refused_at_construction(kwargs, message):
+    args = {"frames_per_batch": 40, "total_frames": 400, "on_policy": True, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        AsyncBatchedCollector(
+            counting_envs(4), CountingPolicy(), transport="thread", policy_device="cpu", **args
+        )

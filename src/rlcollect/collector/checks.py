@@ -32,6 +32,7 @@ __all__ = [
     "check_env_fns",
     "check_int",
     "check_picklable",
+    "check_policy_lag",
     "check_stall_timeout",
     "check_worker_inference",
     "chunk_steps_of",
@@ -226,6 +227,21 @@ def info_keys_of(info_keys: Any) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"info_keys names an entry twice: {names!r}")
     return names
+
+
+def check_policy_lag(policy_lag: object, on_policy: bool) -> None:
+    """``policy_lag`` is 0, or 1 with ``on_policy=True``."""
+    if isinstance(policy_lag, bool) or policy_lag not in (0, 1):
+        raise ValueError(
+            f"policy_lag must be 0 (each on-policy round starts when its batch is asked for) "
+            f"or 1 (the next round starts as soon as a batch is handed out), got {policy_lag!r}"
+        )
+    if policy_lag and not on_policy:
+        raise ValueError(
+            "policy_lag=1 needs on_policy=True: it starts the next on-policy round while the "
+            "learner learns. Off-policy collection never waits for the learner; its lag is "
+            "each batch's policy_version against yours"
+        )
 
 
 def on_policy_steps(

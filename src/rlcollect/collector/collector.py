@@ -35,6 +35,7 @@ from typing import Any, Literal
 import torch
 
 from rlcollect._tensordict import TensorDict
+from rlcollect.collector.ahead import RoundAhead
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.chunks import ChunkLoop
 from rlcollect.collector.facade import CollectorFacade
@@ -47,6 +48,10 @@ from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
 __all__ = ["AsyncBatchedCollector"]
+
+# Seconds shutdown waits for the policy_lag helper: the transport is closed by then, and
+# its round's bounded waits end at the next check.
+_AHEAD_JOIN_TIMEOUT = 10.0
 
 
 class AsyncBatchedCollector(CollectorFacade):
@@ -118,6 +123,10 @@ class AsyncBatchedCollector(CollectorFacade):
             num_envs``; every action of a batch is computed with the weights current
             when it was asked for, and envs wait while the learner learns
             (``docs/usage.md``, *On-policy rollouts*).
+        policy_lag: with ``on_policy=True``, 1 collects the next batch while the learner
+            learns on this one: each round starts as soon as the batch before it is
+            handed out, so batch ``k+1`` is acted by the weights before the update on
+            batch ``k`` (a lag of exactly one update). 0 (default): no lag, envs wait.
         info_keys: names of numeric ``info`` entries to carry as
             ``("next", "info", name)``; dtype and shape come from env 0.
 
@@ -213,11 +222,13 @@ class AsyncBatchedCollector(CollectorFacade):
         store_recurrent_state: bool = True,
         on_policy: bool = False,
         info_keys: Sequence[str] = (),
+        policy_lag: int = 0,
     ) -> None:
         super().__init__()
         self._transport: Transport | None = None
         self.server: InferenceBackend | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._ahead: RoundAhead | None = None  # policy_lag=1 only
         self._shutdown_lock = threading.Lock()
         plan = plan_collection(
             env_fns,
@@ -245,6 +256,7 @@ class AsyncBatchedCollector(CollectorFacade):
             store_recurrent_state=store_recurrent_state,
             on_policy=on_policy,
             info_keys=info_keys,
+            policy_lag=policy_lag,
         )
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch
@@ -252,6 +264,7 @@ class AsyncBatchedCollector(CollectorFacade):
         self.envs_per_worker = plan.envs_per_worker
         self.worker_splits = plan.layout.groups
         self.transition_chunk_size = plan.transition_chunk_size
+        self.policy_lag = plan.policy_lag
         self.policy_device = plan.device
         self.observation_space = plan.source.observation_space
         self.action_space = plan.source.action_space
@@ -304,6 +317,9 @@ class AsyncBatchedCollector(CollectorFacade):
         self._finalizer = weakref.finalize(self, _shutdown_parts, plan.transport, self.server)
         self._chunks = ChunkLoop.for_plan(plan, end, self.server, self._background, local)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
+        if plan.policy_lag:
+            chunks = self._chunks
+            self._ahead = RoundAhead(chunks.produce, lambda: chunks.exhausted)
 
     # ------------------------------------------------------------------ for the façade
 
@@ -312,6 +328,8 @@ class AsyncBatchedCollector(CollectorFacade):
         return self._chunks.frames
 
     def _next_batch(self) -> TensorDict | None:
+        if self._ahead is not None:
+            return self._ahead.next()
         return self._chunks.produce()
 
     def _pausable(self) -> InferenceBackend | None:
@@ -325,6 +343,8 @@ class AsyncBatchedCollector(CollectorFacade):
             server, transport = self.server, self._transport
             self._transport = None
         _shutdown_parts(transport, server)
+        if self._ahead is not None:
+            self._ahead.stop(_AHEAD_JOIN_TIMEOUT)  # its round ends with the transport
         if self._finalizer is not None:
             self._finalizer.detach()
 

@@ -85,6 +85,8 @@ class Plan:
     max_worker_restarts: int
     stall_timeout: float | None
     on_policy: bool = False
+    #: On-policy only: 1 starts round k+1 when batch k is handed out (``ahead.py``).
+    policy_lag: int = 0
 
     @property
     def envs_per_worker(self) -> int:
@@ -141,6 +143,7 @@ def plan_collection(
     store_recurrent_state: bool = True,
     on_policy: bool = False,
     info_keys: Sequence[str] = (),
+    policy_lag: int = 0,
 ) -> Plan:
     """Check the collector's arguments, probe env 0 and the policy, and lay out the run
     (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
@@ -190,6 +193,7 @@ def plan_collection(
         )
     if not isinstance(on_policy, bool):
         raise ValueError(f"on_policy must be True or False, got {on_policy!r}")
+    checks.check_policy_lag(policy_lag, on_policy)
     names = checks.info_keys_of(info_keys)
     if max_worker_restarts and not transport_obj.supports_restart:
         raise ValueError(
@@ -335,4 +339,5 @@ def plan_collection(
         max_worker_restarts=max_worker_restarts,
         stall_timeout=stall_timeout,
         on_policy=on_policy,
+        policy_lag=policy_lag,
     )

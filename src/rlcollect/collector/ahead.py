@@ -1,0 +1,86 @@
+"""``policy_lag=1``: the next on-policy round runs while the learner learns on this one.
+
+::
+
+    caller's thread                              helper thread ("rlcollect-next-round")
+    ───────────────                              ──────────────────────────────────────
+    next() → batch k  ── starts, unless k was ──▶ produce(): opens round k+1 with the
+    learns on batch k      the last batch          weights current now (the update made
+    update_policy_weights_(k) waits for round      on batch k-1), copies its chunks
+      k+1 to end, then lands (rollouts.py)         into batch k+1, closes the round
+    next() ◀──────────── batch k+1, or its error ─ ends
+
+Without it (``policy_lag=0``) a round starts only when its batch is asked for, so the
+envs wait while the learner learns and every batch reflects every update made before
+it was asked for. With it, batch ``k+1`` is acted by the weights before the update on
+batch ``k``: a lag of exactly one update from the second batch on, never more, since a
+round starts only when the batch before it is handed out. The round's own rules hold
+(``rollouts.py``): one weights version per batch, updates land between rounds.
+
+The helper is started only while the budget has batches left (``exhausted``), so it
+never asks past the last batch: the collector stays up after handing it out, and the
+caller's last ``update_policy_weights_`` lands as in a plain loop. The helper keeps its
+error for the caller's next ``next()``; a shutdown ends its round (every wait in
+``produce`` is bounded and checks for it), and :meth:`RoundAhead.stop` joins it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from rlcollect._tensordict import TensorDict
+from rlcollect.collector.background import POLL
+
+__all__ = ["RoundAhead"]
+
+
+class RoundAhead:
+    """Produces the next batch in a helper thread as soon as one is handed out."""
+
+    def __init__(
+        self, produce: Callable[[], TensorDict | None], exhausted: Callable[[], bool]
+    ) -> None:
+        # Neither callable may hold the collector: its garbage collection shuts it down.
+        self._produce = produce
+        self._exhausted = exhausted
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._batch: TensorDict | None = None
+        self._error: BaseException | None = None
+
+    def next(self) -> TensorDict | None:
+        """The next batch (the helper's, once it has one); None once the budget is met."""
+        if self._thread is None:
+            batch = self._produce()
+        else:
+            # produce() bounds its own waits and ends at shutdown or on any failure.
+            while not self._done.wait(POLL):
+                pass
+            self._thread.join()
+            self._thread = None
+            batch, self._batch = self._batch, None
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
+        if batch is not None and not self._exhausted():
+            self._done.clear()
+            self._thread = threading.Thread(
+                target=self._run, name="rlcollect-next-round", daemon=True
+            )
+            self._thread.start()
+        return batch
+
+    def _run(self) -> None:
+        try:
+            self._batch = self._produce()
+        except BaseException as error:  # kept for the caller's next()
+            self._error = error
+        finally:
+            self._done.set()
+
+    def stop(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the helper (the collector is shut down)."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
