@@ -113,19 +113,19 @@ def test_rollouts_are_env_rows_of_one_weights_version(combo, source):
     assert episodes["length_mean"] == pytest.approx(float(last.mean()))
 
 
-def test_envs_wait_while_the_learner_learns():
-    # Thread transport: the envs live in this process, so their steps can be counted.
+def step_counting(**kwargs):
+    """4 envs of 5 steps a batch, 3 batches; thread transport: the envs live in this
+    process, so their steps can be counted (``StepCounter.steps``, reset here)."""
     StepCounter.steps = 0
     fns = [functools.partial(StepCounter, i) for i in range(4)]
-    with AsyncBatchedCollector(
-        fns,
-        CountingPolicy(),
-        frames_per_batch=4 * 5,
-        total_frames=4 * 5 * 3,
-        transport="thread",
-        policy_device="cpu",
-        on_policy=True,
-    ) as c:
+    return AsyncBatchedCollector(
+        fns, CountingPolicy(), frames_per_batch=4 * 5, total_frames=4 * 5 * 3,
+        transport="thread", policy_device="cpu", on_policy=True, **kwargs,
+    )  # fmt: skip
+
+
+def test_envs_wait_while_the_learner_learns():
+    with step_counting() as c:
         # Nothing steps before the first batch is asked for (the weights may still change).
         assert StepCounter.steps == 0
         for k, _ in enumerate(c):
@@ -339,19 +339,7 @@ def test_policy_lag_one_acts_each_batch_with_the_weights_before_the_last_update(
 
 
 def test_policy_lag_one_collects_the_next_round_while_the_learner_learns():
-    # Thread transport: the envs live in this process, so their steps can be counted.
-    StepCounter.steps = 0
-    fns = [functools.partial(StepCounter, i) for i in range(4)]
-    with AsyncBatchedCollector(
-        fns,
-        CountingPolicy(),
-        frames_per_batch=4 * 5,
-        total_frames=4 * 5 * 3,
-        transport="thread",
-        policy_device="cpu",
-        on_policy=True,
-        policy_lag=1,
-    ) as c:
+    with step_counting(policy_lag=1) as c:
         assert StepCounter.steps == 0  # nothing before the first batch is asked for
         for k, _ in enumerate(c):
             if k < 2:
