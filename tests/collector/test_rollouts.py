@@ -393,3 +393,29 @@ def test_bad_policy_lag_is_refused_at_construction(kwargs, message):
         AsyncBatchedCollector(
             counting_envs(4), CountingPolicy(), transport="thread", policy_device="cpu", **args
         )
+
+
+def test_policy_lag_one_pause_holds_between_rounds_and_an_update_inside_lands():
+    # The helper runs round 1 when pause() is entered; the update inside the pause waits
+    # for the round running to end, so pause() must let that round end first.
+    policy = TaggedPolicy(0)
+    done = threading.Event()
+    versions = []
+
+    def learner(c):
+        versions.append(int(next(c)["policy_version"].unique()))
+        with c.pause(timeout=30):
+            with torch.no_grad():
+                policy.tag.fill_(1)
+            c.update_policy_weights_(policy)
+        for batch in c:
+            versions.append(int(batch["policy_version"].unique()))
+        done.set()
+
+    with make(("process_slots", "thread"), "plain", policy, batches=3, policy_lag=1) as c:
+        thread = threading.Thread(target=learner, args=(c,), daemon=True)
+        thread.start()
+        assert done.wait(timeout=60), "pause() and an update inside it deadlocked"
+        thread.join(timeout=30)
+    # Batch 1 ran before the update (it had started); batch 2 started after it.
+    assert versions == [0, 0, 1]

@@ -22,17 +22,24 @@ never asks past the last batch: the collector stays up after handing it out, and
 caller's last ``update_policy_weights_`` lands as in a plain loop. The helper keeps its
 error for the caller's next ``next()``; a shutdown ends its round (every wait in
 ``produce`` is bounded and checks for it), and :meth:`RoundAhead.stop` joins it.
+
+``pause()`` holds collection between two rounds, as it does without a lag (where no
+round runs between two ``next()`` calls): :class:`PauseBetweenRounds` lets the helper's
+round end before it pauses the server, so that an update made inside the pause, which
+waits for the round running to end, cannot wait for a round the pause holds.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.background import POLL
+from rlcollect.collector.background import POLL, Pausable
+from rlcollect.errors import CollectorError
 
-__all__ = ["RoundAhead"]
+__all__ = ["PauseBetweenRounds", "RoundAhead"]
 
 
 class RoundAhead:
@@ -71,6 +78,12 @@ class RoundAhead:
             self._thread.start()
         return batch
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the helper's round; True once none runs.
+        Only the caller's thread starts a round (in :meth:`next`), so it stays so while
+        that thread is elsewhere, e.g. in ``pause()``."""
+        return self._thread is None or self._done.wait(timeout)
+
     def _run(self) -> None:
         try:
             self._batch = self._produce()
@@ -84,3 +97,24 @@ class RoundAhead:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+class PauseBetweenRounds:
+    """What ``pause()`` holds with ``policy_lag=1``: the server, once the round collected
+    ahead has ended."""
+
+    def __init__(self, ahead: RoundAhead, server: Pausable) -> None:
+        self._ahead = ahead
+        self._server = server
+
+    def pause(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        if not self._ahead.wait_idle(timeout):
+            raise CollectorError(
+                f"the round collected ahead (policy_lag=1) did not end within {timeout} s; "
+                "pause() holds collection between two rounds"
+            )
+        self._server.pause(max(0.0, deadline - time.monotonic()))
+
+    def resume(self) -> None:
+        self._server.resume()

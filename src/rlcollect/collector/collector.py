@@ -35,7 +35,8 @@ from typing import Any, Literal
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.ahead import RoundAhead
+from rlcollect.collector.ahead import PauseBetweenRounds, RoundAhead
+from rlcollect.collector.background import Pausable
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.chunks import ChunkLoop
 from rlcollect.collector.facade import CollectorFacade
@@ -332,7 +333,9 @@ class AsyncBatchedCollector(CollectorFacade):
             return self._ahead.next()
         return self._chunks.produce()
 
-    def _pausable(self) -> InferenceBackend | None:
+    def _pausable(self) -> Pausable | None:
+        if self._ahead is not None and self.server is not None:
+            return PauseBetweenRounds(self._ahead, self.server)
         return self.server
 
     def _release(self) -> None:
