@@ -8,6 +8,7 @@ before an update (an env running ahead of the learner) shows the old tag.
 """
 
 import functools
+import gc
 import threading
 import time
 
@@ -23,6 +24,8 @@ from helpers import (
     check_counting_streams,
     check_episode_figures,
     counting_envs,
+    process_gone,
+    shm_exists,
     wait_until,
 )
 
@@ -419,3 +422,16 @@ def test_policy_lag_one_pause_holds_between_rounds_and_an_update_inside_lands():
         thread.join(timeout=30)
     # Batch 1 ran before the update (it had started); batch 2 started after it.
     assert versions == [0, 0, 1]
+
+
+def test_policy_lag_one_a_dropped_collector_ends_its_next_round():
+    c = make(("process_slots", "process"), "plain", CountingPolicy(), total_frames=-1,
+             policy_lag=1)  # fmt: skip
+    next(c)  # the helper now runs round 1
+    pids, name = c.transport.pids, c.transport.shm_name
+    del c  # no shutdown(): the finalizer must end the round and free everything
+    gc.collect()
+    wait_until(lambda: not any(t.name == "rlcollect-next-round" for t in threading.enumerate()),
+               timeout=30, what="the helper thread to end")  # fmt: skip
+    wait_until(lambda: all(process_gone(p) for p in pids), timeout=30, what="worker processes")
+    assert not shm_exists(name)

@@ -315,7 +315,10 @@ class AsyncBatchedCollector(CollectorFacade):
             raise
         # Shuts everything down if the collector is garbage-collected or open at exit: no
         # part holds a reference back to the collector, so refcounting alone frees it.
-        self._finalizer = weakref.finalize(self, _shutdown_parts, plan.transport, self.server)
+        # The stop flag ends a policy_lag round running in its helper thread at once.
+        self._finalizer = weakref.finalize(
+            self, _shutdown_parts, plan.transport, self.server, self._background.stopping
+        )
         self._chunks = ChunkLoop.for_plan(plan, end, self.server, self._background, local)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
         if plan.policy_lag:
@@ -416,7 +419,13 @@ class AsyncBatchedCollector(CollectorFacade):
         return out
 
 
-def _shutdown_parts(transport: Transport | None, server: InferenceBackend | None) -> None:
+def _shutdown_parts(
+    transport: Transport | None,
+    server: InferenceBackend | None,
+    stopping: threading.Event | None = None,
+) -> None:
+    if stopping is not None:
+        stopping.set()
     if server is not None:
         server.stop()
     if transport is not None:
