@@ -31,10 +31,10 @@ on a GPU, replayed 48 times per update (``--no-graph-learner``: eager), for both
 
 ``--overlap`` (rlcollect only) collects the next rollout while the learner learns
 (``policy_lag=1``): the collector starts round ``k+1`` as soon as it hands out round
-``k``, so the envs step with the weights of update ``k-1`` while update ``k`` runs. The lag is then
-exactly one update (``policy_version`` of the batch against the learner's count of
-updates, both logged); PPO's ratio uses the behaviour policy's stored log-probability,
-so its clip bounds how far the stale rows move the policy.
+``k``, so the envs step with the weights of update ``k-1`` while update ``k`` runs. The
+lag is then exactly one update (``policy_version`` of the batch against the learner's
+count of updates, both logged); PPO's ratio uses the behaviour policy's stored
+log-probability, so its clip bounds how far the stale rows move the policy.
 
 Hyperparameters. The defaults are the run for the 16-core H200 (goal: mean return of the
 last 20 episodes >= 18 within 8 minutes of wall clock from process start). They start

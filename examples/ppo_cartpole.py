@@ -16,10 +16,10 @@ can be timed and compared in one run (``--loop rlcollect sync``).
 ``--overlap`` (rlcollect only) collects the next rollout while the learner learns
 (``policy_lag=1``): the collector starts round ``k+1`` as soon as it hands out round
 ``k``, so the envs step with the weights of update ``k-1`` while update ``k`` runs, on
-another core. The lag is
-then exactly one update (each rollout's ``policy_version`` against the learner's count
-of updates, logged as ``policy_lag``); PPO's ratio uses the stored log-probability of
-the behaviour policy, so its clip bounds how far the stale rows move the policy.
+another core. The lag is then exactly one update (each rollout's ``policy_version``
+against the learner's count of updates, logged as ``policy_lag``); PPO's ratio uses the
+stored log-probability of the behaviour policy, so its clip bounds how far the stale
+rows move the policy.
 
     python examples/ppo_cartpole.py                                # 500k steps, seed 1
     python examples/ppo_cartpole.py --seeds 1 2 3 --loop rlcollect sync

@@ -124,12 +124,12 @@ class AsyncBatchedCollector(CollectorFacade):
             num_envs``; every action of a batch is computed with the weights current
             when it was asked for, and envs wait while the learner learns
             (``docs/usage.md``, *On-policy rollouts*).
+        info_keys: names of numeric ``info`` entries to carry as
+            ``("next", "info", name)``; dtype and shape come from env 0.
         policy_lag: with ``on_policy=True``, 1 collects the next batch while the learner
             learns on this one: each round starts as soon as the batch before it is
             handed out, so batch ``k+1`` is acted by the weights before the update on
             batch ``k`` (a lag of exactly one update). 0 (default): no lag, envs wait.
-        info_keys: names of numeric ``info`` entries to carry as
-            ``("next", "info", name)``; dtype and shape come from env 0.
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -138,6 +138,7 @@ class AsyncBatchedCollector(CollectorFacade):
         envs_per_worker: env factories per worker, resolved.
         worker_splits: request groups per worker, resolved.
         transition_chunk_size: transitions per worker message, resolved.
+        policy_lag: as given (0 or 1).
         policy_device: the ``torch.device`` the policy is served on.
         observation_space: the envs' (single) observation space.
         action_space: the envs' (single) action space.
