@@ -81,6 +81,16 @@ def make(combo, source, policy, steps=7, batches=4, **kwargs):
     )
 
 
+def acted_by_then_update(c, policy, batch, k, version):
+    """Every row of batch ``k`` was acted by weights ``version`` (its ``policy_version``
+    and the policy's own ``tag``); then the learner's update ``k + 1`` is pushed."""
+    assert bool((batch["policy_version"] == version).all()), batch["policy_version"]
+    assert bool((batch["tag"] == version).all()), f"batch {k} holds rows of other weights"
+    with torch.no_grad():
+        policy.tag.fill_(k + 1)
+    assert c.update_policy_weights_(policy) == k + 1
+
+
 @pytest.mark.parametrize("source", list(SOURCES))
 @pytest.mark.parametrize("combo", COMBOS, ids=["-".join(c) for c in COMBOS])
 def test_rollouts_are_env_rows_of_one_weights_version(combo, source):
@@ -93,13 +103,9 @@ def test_rollouts_are_env_rows_of_one_weights_version(combo, source):
             assert torch.equal(
                 batch["env_index"], torch.arange(num_envs)[:, None].expand(-1, steps)
             )
-            # One weights version per batch: the one of the updates made before next().
-            assert bool((batch["policy_version"] == k).all()), batch["policy_version"]
-            assert bool((batch["tag"] == k).all()), f"batch {k} holds rows of older weights"
             batches.append(batch)
-            with torch.no_grad():
-                policy.tag.fill_(k + 1)
-            assert c.update_policy_weights_(policy) == k + 1
+            # One weights version per batch: the one of the updates made before next().
+            acted_by_then_update(c, policy, batch, k, version=k)
         episodes = c.stats()["episodes"]
     assert len(batches) == 4
     data = torch.cat([b.reshape(-1) for b in batches])
@@ -326,14 +332,10 @@ def test_policy_lag_one_acts_each_batch_with_the_weights_before_the_last_update(
         assert c.policy_lag == 1
         for k, batch in enumerate(c):
             assert batch.batch_size == (num_envs, steps)
-            version = max(0, k - 1)
-            assert bool((batch["policy_version"] == version).all()), batch["policy_version"]
-            assert bool((batch["tag"] == version).all()), f"batch {k} mixes weights"
             batches.append(batch)
-            with torch.no_grad():
-                policy.tag.fill_(k + 1)
-            # The last update, after the last batch, lands too: nothing asked past it.
-            assert c.update_policy_weights_(policy) == k + 1
+            # The weights before the update on batch k-1; the last update, after the
+            # last batch, lands too: nothing was asked past it.
+            acted_by_then_update(c, policy, batch, k, version=max(0, k - 1))
         assert c.stats()["frames"] == num_envs * steps * 5
     assert len(batches) == 5
     data = torch.cat([b.reshape(-1) for b in batches])
