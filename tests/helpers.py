@@ -200,7 +200,8 @@ def process_gone(pid: int) -> bool:
             for line in f:
                 if line.startswith("State:"):
                     return "Z" in line.split()[1]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # ProcessLookupError: the file opened, then the process was reaped before the read
         return True
     return False
 

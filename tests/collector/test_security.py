@@ -26,7 +26,7 @@ def socket_inodes(pid):
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
         if target.startswith("socket:["):
             out.add(target[len("socket:[") : -1])
