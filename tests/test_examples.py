@@ -95,7 +95,14 @@ def test_benchmark_suite_quick(tmp_path):
     results = tmp_path / "results"
     run("-m", "benchmarks", "cpu", "--quick", "--peers-path", "", "--out",
         str(results / "suite_cpu"), timeout=600)  # fmt: skip
-    for series in ("peers", "pixels", "dqn_loop", "async_training"):
+    for series in (
+        "peers",
+        "pixels",
+        "dqn_loop",
+        "async_training",
+        "throughput",
+        "vector_throughput",
+    ):
         doc = json.loads((results / "suite_cpu" / f"{series}.json").read_text())
         assert doc["complete"], series
         assert doc["environment"]["versions"]["torch"], series

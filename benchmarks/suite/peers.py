@@ -26,6 +26,7 @@ import torch
 from benchmarks.common import make_pong
 from benchmarks.suite.acting import FixedBatchStep, acting_policy
 from benchmarks.suite.measure import measure
+from benchmarks.suite.vectors import pong_vector
 
 
 def _threads(config: dict[str, Any]) -> None:
@@ -62,28 +63,17 @@ def run_async_vector(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_atari_vector(config: dict[str, Any]) -> dict[str, Any]:
-    from ale_py.vector_env import AtariVectorEnv
-
     _threads(config)
-    n = config["num_envs"]
-    batch = max(1, n // 2)
-    threads = len(os.sched_getaffinity(0))  # one C++ stepping thread per core
+    # The peers series: half the envs per recv, one C++ stepping thread per core; the
+    # vector_throughput series names its layout (vectors.py).
+    if "layout" in config:
+        _, n, batch, threads = config["layout"]
+    else:
+        n = config["num_envs"]
+        batch, threads = max(1, n // 2), len(os.sched_getaffinity(0))
 
     def steps() -> Iterator[int]:
-        envs = AtariVectorEnv(
-            "pong",
-            n,
-            batch_size=batch,
-            num_threads=threads,
-            img_height=105,
-            img_width=80,
-            stack_num=4,
-            frameskip=4,
-            repeat_action_probability=0.0,
-            noop_max=0,
-            reward_clipping=False,
-            use_fire_reset=False,
-        )
+        envs = pong_vector(n, batch, threads)
         try:
             act = FixedBatchStep(
                 acting_policy(config["policy"], config["device"]),

@@ -12,6 +12,7 @@ its parts (``GPU_PARTS``) fits one 9-minute device call, or continues in another
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -84,6 +85,7 @@ GPU_PARTS = {
     "2": ("pixels", "async_training"),
     "3": ("dqn_loop",),
     "4": ("throughput",),
+    "5": ("vector_throughput",),
 }
 LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
 ASYNC_WINDOW = 1.5  # the async-training runs measure longer: few frames per second
@@ -340,6 +342,8 @@ def throughput(m: Machine) -> Series:
     for n, epw, splits in m.tuned:
         add(f"envs_per_worker={epw}, worker_splits={splits}", n, epw, splits)
     add("defaults", most, 1)
+    # twice as many worker processes as cores, each alternating between two envs
+    add("envs_per_worker=2, worker_splits=2", most, 2, 2)
     add('envs_per_worker="auto"', most, "auto")
     both = 'envs_per_worker="auto", worker_splits="auto"'
     add(both, most, "auto", "auto")
@@ -365,12 +369,86 @@ def throughput(m: Machine) -> Series:
     )
 
 
+def _divisor_at_most(n: int, most: int) -> int:
+    return max(d for d in range(1, max(1, most) + 1) if n % d == 0)
+
+
+def vector_throughput(m: Machine) -> Series:
+    """ale-py's ``AtariVectorEnv`` Pong against its own speed: one vector env with a
+    thread per core, driven by the collector and by a hand loop, and several vector envs
+    in worker processes with more threads than cores (issue 18, item 4)."""
+    cores = len(os.sched_getaffinity(0))
+    n = 4 * m.num_envs  # 64 on the GPU machine
+    fpb = 16 * n
+    # Several vector envs in processes, each with half the cores' worth of threads: while
+    # one worker waits for its actions, the other vector envs' threads take its cores
+    # (docs/tuning.md, Native vector envs).
+    v = _divisor_at_most(n // 2, max(2, cores // 2))
+    each = max(1, cores // 2)
+    one = [1, n, n // 2, cores]
+    many_half = [v, n // v, n // (2 * v), each]
+    many_whole = [v, n // v, n // v, each]
+
+    def name(layout: list[int]) -> str:
+        vector_envs, envs, batch, threads = layout
+        plural = "s" * (threads > 1)
+        return f"{vector_envs} x {envs} envs, batch {batch}, {threads} thread{plural} each"
+
+    def config(kind: str, layout: list[int], **extra: Any) -> dict[str, Any]:
+        return _base(
+            m,
+            kind,
+            layout=layout,
+            num_envs=n,
+            graph=m.graph,
+            policy=m.policy,
+            frames_per_batch=fpb,
+            **extra,
+        )
+
+    env_only = f"env_only[{name(one)}]"
+    hand = f"hand_loop[{name(one)}]"
+    runs: dict[str, dict[str, Any]] = {env_only: config("vector_env_only", one)}
+    if each * v != cores:  # the env alone with as many threads as the layouts of several
+        more = [1, n, n // 2, each * v]
+        runs[f"env_only[{name(more)}]"] = config("vector_env_only", more)
+    runs[hand] = config("atari_vector", one)
+    collectors = [("thread", one), ("process_slots", one)]
+    collectors += [("process_slots", many_half), ("process_slots", many_whole)]
+    if m.quick:
+        collectors = collectors[1:3]
+    for transport, layout in collectors:
+        runs[f"rlcollect[{transport}, {name(layout)}]"] = config(
+            "vector_rlcollect", layout, transport=transport
+        )
+    mine = [r for r in runs if r.startswith("rlcollect")]
+    ratios = tuple((r, other) for r in mine for other in (env_only, hand))
+    return Series(
+        "vector_throughput",
+        "AtariVectorEnv Pong against its own speed: the collector, a hand loop, the env alone",
+        runs,
+        ratios,
+        notes=(
+            f"ale-py AtariVectorEnv Pong, 4x105x80 grayscale, frame skip 4, {n} envs in all; "
+            f"{m.policy} ({_execution(m.graph)}), frames_per_batch = {fpb} for the collector. "
+            "A layout: vector envs x sub-envs each, sub-envs per recv (batch), C++ threads "
+            f"each; {cores} cores.",
+            "env_only: one vector env in one process, send/recv with random actions, no "
+            "policy. hand_loop: the same vector env, a loop that acts on each recv's batch "
+            "(same policy and execution) and sends the actions back.",
+            "rlcollect: one worker per vector env (a thread, or a process with "
+            "process_slots), defaults otherwise.",
+        ),
+    )
+
+
 SERIES = {
     "peers": peers,
     "pixels": pixels,
     "dqn_loop": dqn_loop,
     "async_training": async_training,
     "throughput": throughput,
+    "vector_throughput": vector_throughput,
 }
 
 

@@ -411,6 +411,16 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
             f"![throughput]({rel}_throughput.png)",
             _fps_and_ratios(doc),
         )
+    if "vector_throughput" in docs:
+        doc = docs["vector_throughput"]
+        image = images / f"{suite}_vector_throughput.png"
+        _bar_plot(doc, image, f"AtariVectorEnv against its own speed ({where})")
+        out += _block(
+            doc,
+            "Native vector envs against their own speed",
+            f"![vector throughput]({rel}_vector_throughput.png)",
+            _fps_and_ratios(doc),
+        )
     missing = [name for name in SERIES if name not in docs]
     if missing:  # say what the suite has not measured here rather than leave it out silently
         names = ", ".join(f"`{name}`" for name in missing)

@@ -33,6 +33,8 @@ KINDS = {
     "env_only": "benchmarks.suite.pixels:run_env_only",
     "async_vector": "benchmarks.suite.peers:run_async_vector",
     "atari_vector": "benchmarks.suite.peers:run_atari_vector",
+    "vector_env_only": "benchmarks.suite.vectors:run_env_only",
+    "vector_rlcollect": "benchmarks.suite.vectors:run_rlcollect",
     "torchrl": "benchmarks.suite.torchrl_peer:run_torchrl",
     "dqn_blocking": "benchmarks.suite.dqn_loop:run_blocking",
     "dqn_rlcollect": "benchmarks.suite.dqn_loop:run_rlcollect",
