@@ -23,7 +23,7 @@ PUBLISHED_CHUNK_MS = (0.226, 0.037)  # TorchRL AsyncBatchedCollector, chunk 1 ->
 PUBLISHED_ASYNC_FPS = {2: 85.2, 16: 53.1}  # DreamerV3 async, 8 envs, inference batch 1
 COMMANDS = {
     "cpu": "`make bench`",  # = python -m benchmarks cpu && python -m benchmarks report
-    "gpu": "`python -m benchmarks gpu --part 1|2|3 --peers-path .peers`, one device call "
+    "gpu": "`python -m benchmarks gpu --part 1|2|3|4|5 --peers-path .peers`, one device call "
     "per part (`--resume` continues a part cut short by its deadline)",
 }
 
