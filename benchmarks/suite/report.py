@@ -424,7 +424,7 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
     missing = [name for name in SERIES if name not in docs]
     if missing:  # say what the suite has not measured here rather than leave it out silently
         names = ", ".join(f"`{name}`" for name in missing)
-        out += [f"Not run yet on this machine: {names} (`{COMMANDS[suite]}`).", ""]
+        out += [f"Not run yet on this machine: {names} ({COMMANDS[suite]}).", ""]
     raw = ", ".join(f"[`{n}.json`](../benchmarks/results/suite_{suite}/{n}.json)" for n in docs)
     out += [f"Raw results (every repeat, every configuration): {raw}.", ""]
     return out
@@ -450,7 +450,7 @@ def write_report(results: Path, docs_dir: Path) -> Path:
     for suite, label in SUITES:
         docs = _load(results, suite)
         if not docs:
-            page += [f"## {label}", "", f"Not run yet: `{COMMANDS[suite]}`.", ""]
+            page += [f"## {label}", "", f"Not run yet: {COMMANDS[suite]}.", ""]
             continue
         page += _section(suite, label, docs, images)
         if headline is None and (images / f"{suite}_headline.png").exists():
