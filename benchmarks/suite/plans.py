@@ -424,7 +424,10 @@ def vector_throughput(m: Machine) -> Series:
             "vector_rlcollect", layout, transport=transport
         )
     mine = [r for r in runs if r.startswith("rlcollect")]
-    ratios = tuple((r, other) for r in mine for other in (env_only, hand))
+    # against the env alone with a thread per core, the hand loop, and (where it ran) the
+    # env alone with as many threads as the several vector envs hold together
+    others = [env_only, hand, *(r for r in runs if r.startswith("env_only") and r != env_only)]
+    ratios = tuple((r, other) for r in mine for other in others)
     return Series(
         "vector_throughput",
         "AtariVectorEnv Pong against its own speed: the collector, a hand loop, the env alone",
