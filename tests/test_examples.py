@@ -266,6 +266,14 @@ def test_inference_latency_benchmark_latency_only(tmp_path):
 
 
 @pytest.mark.slow
+def test_worker_profile_experiment():
+    out = run("benchmarks/experiments/profile_worker.py", "--seconds", "1")
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    assert result["worker_cpu_ms_per_frame"] > 0 and result["env_alone_cpu_ms_per_frame"] > 0
+    assert result["server_us_per_batch"]["respond"] > 0
+
+
+@pytest.mark.slow
 def test_vector_worker_profile_experiment(tmp_path):
     run(
         "benchmarks/experiments/profile_vector_worker.py",
