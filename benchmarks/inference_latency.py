@@ -54,6 +54,7 @@ MODES = {
     "compiled": ({}, False, True),
     "graph": (None, True, True),
     "graph_staged": (None, True, False),
+    "compiled_graph": ({}, True, True),  # the compiled step, captured
 }
 
 

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -271,6 +272,24 @@ def test_worker_profile_experiment():
     result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert result["worker_cpu_ms_per_frame"] > 0 and result["env_alone_cpu_ms_per_frame"] > 0
     assert result["server_us_per_batch"]["respond"] > 0
+
+
+@pytest.mark.slow
+def test_pin_workers_experiment():
+    out = run(
+        "benchmarks/experiments/pin_workers.py",
+        *("--rounds", "1", "--seconds", "0.3", "--layouts", "4 envs, 2 per worker, 2 splits"),
+    )
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert lines[0]["env_only_frames_per_second"] > 0
+    runs = {line["pinned"]: line for line in lines[1:]}
+    assert set(runs) == {False, True}, lines
+    cores = len(os.sched_getaffinity(0))
+    # pinned: each worker on a core of its own (worker w on core w % cores); free: all
+    assert [len(a) for a in runs[True]["worker_affinity"]] == [1, 1]
+    assert runs[True]["worker_affinity"][0] != runs[True]["worker_affinity"][1] or cores == 1
+    assert all(len(a) == cores for a in runs[False]["worker_affinity"])
+    assert all(line["frames_per_second"] > 0 for line in runs.values())
 
 
 @pytest.mark.slow
