@@ -19,12 +19,15 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.suite import plans  # noqa: E402
 from benchmarks.suite.runner import fresh  # noqa: E402
+
+_ALSO = ("request_latency_p50", "request_latency_p95", "mean_batch_size", "server_phase_seconds")
 
 
 def main() -> None:
@@ -46,6 +49,10 @@ def main() -> None:
     trees = {"before": Path(args.before).resolve() / "src", "after": ROOT / "src"}
     site = os.environ.get("PYTHONPATH", "")
     fps: dict[str, dict[str, list[float]]] = {n: {"before": [], "after": []} for n in names}
+    # what else a run reports, where it does: the request's round trip, batch, driver CPU
+    seen: dict[str, dict[str, list[dict[str, Any]]]] = {
+        n: {"before": [], "after": []} for n in names
+    }
     for r in range(args.rounds):
         for name in names:
             # Alternate which tree goes first, so neither always runs on a warmer machine.
@@ -57,7 +64,13 @@ def main() -> None:
                 if value is None:
                     sys.exit(f"{name} [{tree}] failed: {result}")
                 fps[name][tree].append(value)
-                print(f"[round {r + 1}] {name} {tree}: {value:,.0f} frames/s", flush=True)
+                seen[name][tree].append({k: result.get(k) for k in _ALSO})
+                p50 = result.get("request_latency_p50") or 0.0
+                print(
+                    f"[round {r + 1}] {name} {tree}: {value:,.0f} frames/s, "
+                    f"request p50 {1e6 * p50:.0f} us",
+                    flush=True,
+                )
     os.environ["PYTHONPATH"] = site
     summary = {}
     for name, runs in fps.items():
@@ -69,6 +82,7 @@ def main() -> None:
             "ratios": ratios,
             "before": runs["before"],
             "after": runs["after"],
+            "reported": seen[name],
         }
         print(
             f"{name}: after/before {statistics.median(ratios):.3f} (rounds: "
