@@ -27,7 +27,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.suite import plans  # noqa: E402
 from benchmarks.suite.runner import fresh  # noqa: E402
 
-_ALSO = ("request_latency_p50", "request_latency_p95", "mean_batch_size", "server_phase_seconds")
+_ALSO = (
+    "request_latency_p50",
+    "request_latency_p95",
+    "mean_batch_size",
+    "server_phase_seconds",
+    "driver_cpu_ms_per_frame",
+    "driver_thread_cpu_ms_per_frame",
+)
 
 
 def main() -> None:

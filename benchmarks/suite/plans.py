@@ -330,19 +330,38 @@ def throughput(m: Machine) -> Series:
     runs: dict[str, dict[str, Any]] = {env_only: _pixel(m, "env_only")}
 
     def add(
-        name: str, n: int, epw: int | str, splits: int | str | None = None, min_batch: int = 1
+        name: str,
+        n: int,
+        epw: int | str,
+        splits: int | str | None = None,
+        min_batch: int = 1,
+        backend: str = "thread",
     ) -> None:
         # a batch waits at most 200 us for min_batch rows (the default waits for none)
         timeout = 2e-4 if min_batch > 1 else 1e-3
         _, config = _rlcollect(
-            m, "process_slots", "auto", epw, splits=splits, min_batch=min_batch, timeout=timeout
+            m,
+            "process_slots",
+            "auto",
+            epw,
+            splits=splits,
+            min_batch=min_batch,
+            timeout=timeout,
+            backend=backend,
         )
         runs[f"rlcollect[{n} envs, {name}]"] = {**config, "num_envs": n, "frames_per_batch": fpb}
 
     most = 4 * m.num_envs
     add("defaults", m.num_envs, 1)
+    # The server in a process of its own: no GIL shared with the driver's consumer, and
+    # the driver's own CPU per frame (issue 18, item 3) is the consumer's alone.
+    process = 'inference_backend="process"'
+    add(process, m.num_envs, 1, backend="process")
     for n, epw, splits in m.tuned:
         add(f"envs_per_worker={epw}, worker_splits={splits}", n, epw, splits)
+    n, epw, splits = m.tuned[-1]
+    tuned = f"envs_per_worker={epw}, worker_splits={splits}"
+    add(f"{tuned}, {process}", n, epw, splits, backend="process")
     add("defaults", most, 1)
     # twice as many worker processes as cores, each alternating between two envs
     add("envs_per_worker=2, worker_splits=2", most, 2, 2)
