@@ -597,3 +597,31 @@ def test_ppo_atari_gym_envs_and_deadline(tmp_path):
         "--total-timesteps", "1024", "--max-seconds", "0.001", "--out", str(tmp_path))  # fmt: skip
     sync = json.loads((tmp_path / "ppo_atari_gym_sync_seed1.json").read_text())
     check_ppo_atari_run(sync, updates=1, stopped_by="max_seconds")
+
+
+def test_probe_trees_apply_to_head(tmp_path):
+    # Every probe of benchmarks/experiments/probes still applies to the committed tree and
+    # gives code that compiles: a change to the lines a probe patches must update it.
+    import py_compile
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
+    try:
+        import probe_tree
+    finally:
+        sys.path.pop(0)
+    assert probe_tree.names(), "no probes found"
+    for name in probe_tree.names():
+        patch = (probe_tree.PROBES / f"{name}.patch").read_text()
+        added = [line for line in patch.splitlines() if line.startswith("+") and "probe" in line]
+        assert added, f"probe {name} does not say what it does (a '# probe: ...' comment)"
+        tree = probe_tree.build(name, tmp_path / name)
+        files = [line.split()[1][2:] for line in patch.splitlines() if line.startswith("+++ ")]
+        assert files, name
+        for rel in files:
+            head = subprocess.run(
+                ["git", "-C", str(ROOT), "show", f"HEAD:{rel}"], capture_output=True, check=True
+            ).stdout
+            assert (tree / rel).read_bytes() != head, (name, rel)
+            py_compile.compile(str(tree / rel), doraise=True)
+    with pytest.raises(ValueError, match="no probe 'nope'"):
+        probe_tree.build("nope", tmp_path / "nope")

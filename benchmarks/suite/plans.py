@@ -353,8 +353,8 @@ def throughput(m: Machine) -> Series:
 
     most = 4 * m.num_envs
     add("defaults", m.num_envs, 1)
-    # The server in a process of its own: no GIL shared with the driver's consumer, and
-    # the driver's own CPU per frame (issue 18, item 3) is the consumer's alone.
+    # The server in a process of its own, apart from the driver's consuming thread: the
+    # driver's CPU per frame (issue 18, item 3) is then the consumer's alone.
     process = 'inference_backend="process"'
     add(process, m.num_envs, 1, backend="process")
     for n, epw, splits in m.tuned:

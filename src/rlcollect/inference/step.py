@@ -173,7 +173,7 @@ class DeviceStep(ActionStep):
         # batch of 32 grew from 240-254 us to 281-347 us, on the critical path of every
         # vector-env worker's cycle; the spin wait is kept (results/archive/h200/threads).
         # With 16 worker processes on 16 cores the spin still wins: a blocking wait cost
-        # 10-25% of the frames (results/archive/h200/server_step).
+        # 10-20% of the frames (results/archive/h200/server_step).
         self._events = [
             torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             for _ in range(4)

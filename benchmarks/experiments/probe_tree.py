@@ -1,0 +1,91 @@
+"""A source tree of rlcollect with one probe applied, for ``ab_trees.py --before DIR``.
+
+A probe is a small patch in ``probes/`` that instruments or changes one thing of the
+library for an experiment and is never merged: it reports a hidden time in a spare
+statistic, or forces a setting everywhere. Each says in its comments what it does;
+``results/archive/h200/server_step/README.txt`` has what they measured. ::
+
+    python benchmarks/experiments/probe_tree.py step_split .probe   # HEAD's src/ + probe
+    python benchmarks/experiments/ab_trees.py --before .probe --suite gpu ...
+
+Probes:
+    blocking_wait    the server's wait on the step sleeps (a blocking CUDA event)
+    gpu_time         the whole-step replay's GPU time, reported as the "h2d" phase
+    compiled_graph   gpu_time, and torch.compile wherever cuda_graph=True
+    switch_interval  the GIL's switch interval 0.2 ms from the server thread on
+    step_split       wall time of the replay call as "h2d", of the wait as "d2h"
+
+The tree is ``git archive <commit> src`` (default HEAD) with the patch applied; a probe
+that no longer applies fails here, naming the probe, before any device time is spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBES = Path(__file__).resolve().parent / "probes"
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in PROBES.glob("*.patch"))
+
+
+def build(probe: str, out: Path, commit: str = "HEAD") -> Path:
+    """Write ``out/src`` (``commit``'s ``src/`` with ``probe`` applied) and return ``out``.
+
+    Raises:
+        ValueError: no such probe.
+        RuntimeError: git cannot archive ``commit``, or the probe does not apply to it.
+    """
+    patch = PROBES / f"{probe}.patch"
+    if not patch.is_file():
+        raise ValueError(f"no probe {probe!r}; choose from {names()}")
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "src"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise RuntimeError(f"git archive {commit} failed: {archive.stderr.decode().strip()}")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    applied = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(out)],
+        input=patch.read_bytes(),
+        capture_output=True,
+        check=False,
+    )
+    if applied.returncode != 0:
+        shutil.rmtree(out)
+        raise RuntimeError(
+            f"probe {probe!r} does not apply to {commit}: update probes/{probe}.patch\n"
+            + applied.stdout.decode()
+        )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("probe", choices=names())
+    p.add_argument("out", type=Path, help="directory for the tree (replaced if it exists)")
+    p.add_argument("--commit", default="HEAD")
+    args = p.parse_args()
+    try:
+        out = build(args.probe, args.out, args.commit)
+    except (ValueError, RuntimeError) as exc:
+        sys.exit(str(exc))
+    print(f"wrote {out / 'src'} ({args.commit} + probes/{args.probe}.patch)")
+
+
+if __name__ == "__main__":
+    main()
