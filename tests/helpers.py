@@ -465,3 +465,45 @@ def step_fields(
     fields = {("action",): Field(("action",), (), np.dtype(np.int64))}
     fields.update({key: Field(key, s, np.dtype(d)) for key, (s, d) in outputs.items()})
     return inputs, fields
+
+
+def respond_raising_after(base: type, calls: int) -> Any:
+    """A transport whose server end's respond() raises on its ``calls``-th call."""
+
+    class Failing(base):
+        def start(self, layout, programs):
+            end = super().start(layout, programs)
+            respond = end.respond
+            count = [0]
+
+            def failing(workers):
+                count[0] += 1
+                if count[0] >= calls:
+                    raise OSError("respond failed on purpose")
+                respond(workers)
+
+            end.respond = failing
+            return end
+
+    return Failing()
+
+
+def first_error_within_bound(c: Any, bound: float = 10.0) -> BaseException:
+    """Iterate ``c`` in a thread; the error it raised, failing if none came within
+    ``bound`` seconds (far above the ~0.1 s an error takes; only a hang reaches it)."""
+    out: dict[str, Any] = {}
+
+    def consume():
+        try:
+            for _ in c:
+                pass
+        except BaseException as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=consume, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(bound)
+    assert not t.is_alive(), f"no error within {bound} s: the collector hangs"
+    out["seconds"] = time.monotonic() - t0
+    return out["error"]

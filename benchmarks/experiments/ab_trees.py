@@ -34,6 +34,8 @@ _ALSO = (
     "server_phase_seconds",
     "driver_cpu_ms_per_frame",
     "driver_thread_cpu_ms_per_frame",
+    "batches",
+    "overlapped_batches",
 )
 
 

@@ -98,4 +98,6 @@ def measure_collector(
         result[key] = server.get(key)
     result["server_phase_seconds"] = server.get("phase_seconds")
     result["gathers_on_device"] = server.get("gathers_on_device")
+    result["overlapped_batches"] = server.get("overlapped_batches")
+    result["batches"] = server.get("batches")
     return result

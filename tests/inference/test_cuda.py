@@ -10,20 +10,26 @@ import torch
 from helpers import (
     CUDA_MODES,
     CUDA_ONLY,
+    ConstantPolicy,
     CountingPolicy,
+    check_clean,
     check_counting_streams,
     check_weight_update,
     collect,
     counting_collector,
     counting_envs,
     cuda_collector,
+    first_error_within_bound,
     plain_runner,
+    respond_raising_after,
     step_fields,
+    streams,
 )
 from tensordict.nn import TensorDictModule, TensorDictSequential
 
-from rlcollect import AsyncBatchedCollector
+from rlcollect import AsyncBatchedCollector, InferenceError
 from rlcollect.inference.step import DeviceStep, buckets_for
+from rlcollect.transports import ProcessSlotTransport
 
 pytestmark = CUDA_ONLY
 
@@ -52,6 +58,8 @@ def test_every_mode_keeps_every_invariant(transport, mode):
         assert min(copies) > 0
     assert stats["phase_seconds"]["forward"] > 0
     assert stats["gathers_on_device"], "the ring was not page-locked for a GPU-side gather"
+    # two batches in flight where the whole step is one graph replay
+    assert stats["lanes"] == (2 if CUDA_MODES[mode].get("cuda_graph") else 1)
     assert 0 < stats["request_latency_p50"] <= stats["request_latency_p95"]
 
 
@@ -265,6 +273,109 @@ def test_the_whole_step_graph_serves_batches_of_every_size_in_any_order():
             assert np.array_equal(got[key], want[key]), (n, key)
     whole.close()
     launches.close()
+
+
+def test_two_batches_in_flight_give_what_one_at_a_time_gives():
+    """Two batches launched into the two lanes before either is collected (their replays
+    may run at once on the GPU) give exactly what the same rows give through the
+    separate launches, one batch at a time; only the whole-step graphs have lanes."""
+    import mmap
+
+    rows = 96
+    storage = mmap.mmap(-1, rows * 4 * 84 * 84)
+    ring = np.frombuffer(storage, dtype=np.uint8).reshape(rows, 4, 84, 84)
+    ring[...] = np.random.default_rng(6).integers(0, 256, ring.shape, dtype=np.uint8)
+    flying, launches, eager = (
+        conv_step(ConvPolicy(), cuda_graph=True),
+        conv_step(ConvPolicy(), cuda_graph=True),
+        conv_step(ConvPolicy()),
+    )
+    assert flying.lanes == 1  # no whole-step graph before the ring is page-locked
+    flying.attach({(): ring})
+    launches.attach({(): ring}, register=False)
+    eager.attach({(): ring})
+    assert (flying.lanes, launches.lanes, eager.lanes) == (2, 1, 1)
+    rng = np.random.default_rng(7)
+    for a, b in ((64, 3), (17, 1), (1, 32), (64, 64), (5, 5)):
+        both = rng.choice(rows, a + b, replace=False)
+        first, second = both[:a], both[a:]
+        flying.launch(first, 0)
+        flying.launch(second, 1)
+        got_second = {key: arr.copy() for key, arr in flying.collect(b, 1).items()}
+        got_first = flying.collect(a, 0)
+        assert flying.ready(0) and flying.ready(1)
+        for flat, got in ((first, got_first), (second, got_second)):
+            want = launches.run(launches.load(flat))[0]
+            for key in want:
+                assert got[key].shape[0] == len(flat)
+                assert np.array_equal(got[key], want[key]), (a, b, key)
+    for step in (flying, launches, eager):
+        step.close()
+
+
+def test_a_sampling_policy_keeps_one_lane():
+    """Graphs that draw random numbers share the generator's seed and offset buffer: two
+    replays in flight could draw the same numbers, so such a step runs one batch at a
+    time, and its batches still draw different numbers."""
+    import mmap
+
+    storage = mmap.mmap(-1, 16 * 4 * 84 * 84)
+    ring = np.frombuffer(storage, dtype=np.uint8).reshape(16, 4, 84, 84)
+    step = conv_step(ConvPolicy(sample=True), cuda_graph=True)
+    step.attach({(): ring})
+    assert step.gathers_on_device and step.lanes == 1
+    flat = np.arange(8)
+    first = step.run(step.load(flat))[0][("logits",)].copy()
+    second = step.run(step.load(flat))[0][("logits",)]
+    assert not np.array_equal(first, second)
+    step.close()
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_weights_change_only_between_batches_in_flight(backend):
+    """Twenty updates while two batches fly (the whole-step graph): every row's action is
+    its stamped version's weights, none a mix, and each env's versions never go back."""
+    policy = ConstantPolicy(0)
+    with cuda_collector(
+        "process_slots",
+        policy,
+        n=8,
+        envs_per_worker=2,
+        worker_splits=2,
+        frames_per_batch=16,
+        total_frames=-1,
+        cuda_graph=True,
+        inference_backend=backend,
+    ) as c:
+        batches = [next(c) for _ in range(3)]
+        for version in range(1, 21):
+            with torch.no_grad():
+                policy.value.fill_(version)
+            assert c.update_policy_weights_(policy) == version
+            batches += [next(c) for _ in range(4)]
+        stats = c.stats()["server"]
+    assert stats["lanes"] == 2
+    data = torch.cat(batches)
+    assert torch.equal(data["action"], data["policy_version"])
+    assert int(data["policy_version"].max()) >= 10  # updates reached the served policy
+    for rows in streams(data).values():
+        assert bool((rows["policy_version"].diff() >= 0).all())
+
+
+def test_a_failure_with_batches_in_flight_reaches_the_caller():
+    """respond() failing mid-run with two batches in flight: the InferenceError reaches
+    the caller within a bound, nothing is left running (the batch on the GPU is waited
+    for before the ring is unregistered)."""
+    c = cuda_collector(
+        respond_raising_after(ProcessSlotTransport, 200),
+        CountingPolicy(),
+        total_frames=-1,
+        cuda_graph=True,
+    )
+    error = first_error_within_bound(c)
+    assert isinstance(error, InferenceError), repr(error)
+    assert "OSError: respond failed on purpose" in str(error)
+    check_clean(c)
 
 
 class Echo(torch.nn.Module):

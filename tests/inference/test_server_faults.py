@@ -1,18 +1,20 @@
 """The inference server thread dying outside the policy call: a clear InferenceError
 reaches the caller within a bounded wait, every worker stops, nothing hangs."""
 
-import threading
-import time
 from collections.abc import Callable
 
 import pytest
 import torch
-from helpers import CountingPolicy, check_clean, counting_envs
+from helpers import (
+    CountingPolicy,
+    check_clean,
+    counting_envs,
+    first_error_within_bound,
+    respond_raising_after,
+)
 
 from rlcollect import AsyncBatchedCollector, InferenceError
 from rlcollect.transports import ProcessSlotTransport, ThreadQueueTransport
-
-_BOUND = 10.0  # seconds: far above the ~0.1 s the error takes; only a hang reaches it
 
 
 class TurnsAfter(CountingPolicy):
@@ -42,47 +44,6 @@ def float_action(out: dict[str, torch.Tensor]) -> None:
     """Float actions (the same numbers plus a half) where they were integers: a cast
     would truncate them quietly."""
     out["action"] = out["action"].double() + 0.5
-
-
-def respond_raising_after(base, calls):
-    """A transport whose server end's respond() raises on its ``calls``-th call."""
-
-    class Failing(base):
-        def start(self, layout, programs):
-            end = super().start(layout, programs)
-            respond = end.respond
-            count = [0]
-
-            def failing(workers):
-                count[0] += 1
-                if count[0] >= calls:
-                    raise OSError("respond failed on purpose")
-                respond(workers)
-
-            end.respond = failing
-            return end
-
-    return Failing()
-
-
-def first_error_within_bound(c):
-    """Iterate ``c`` in a thread; the error it raised, failing if none came in time."""
-    out = {}
-
-    def consume():
-        try:
-            for _ in c:
-                pass
-        except BaseException as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=consume, daemon=True)
-    t0 = time.monotonic()
-    t.start()
-    t.join(_BOUND)
-    assert not t.is_alive(), f"no error within {_BOUND} s: the collector hangs"
-    out["seconds"] = time.monotonic() - t0
-    return out["error"]
 
 
 @pytest.mark.parametrize(
