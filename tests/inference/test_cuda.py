@@ -313,21 +313,33 @@ def test_two_batches_in_flight_give_what_one_at_a_time_gives():
         step.close()
 
 
-def test_a_sampling_policy_keeps_one_lane():
-    """Graphs that draw random numbers share the generator's seed and offset buffer: two
-    replays in flight could draw the same numbers, so such a step runs one batch at a
-    time, and its batches still draw different numbers."""
+def test_two_lanes_draw_their_own_random_numbers():
+    """A sampling policy's batches in the two lanes at once draw different numbers (each
+    lane's graphs draw from a stream of their own), a lane's next batch draws new ones,
+    and seeding the lanes again repeats them."""
     import mmap
 
     storage = mmap.mmap(-1, 16 * 4 * 84 * 84)
     ring = np.frombuffer(storage, dtype=np.uint8).reshape(16, 4, 84, 84)
     step = conv_step(ConvPolicy(sample=True), cuda_graph=True)
     step.attach({(): ring})
-    assert step.gathers_on_device and step.lanes == 1
+    assert step.lanes == 2
     flat = np.arange(8)
-    first = step.run(step.load(flat))[0][("logits",)].copy()
-    second = step.run(step.load(flat))[0][("logits",)]
-    assert not np.array_equal(first, second)
+
+    def both_lanes():
+        step.launch(flat, 0)
+        step.launch(flat, 1)
+        second = step.collect(8, 1)[("logits",)].copy()
+        return step.collect(8, 0)[("logits",)].copy(), second
+
+    step.seed_lanes(3)
+    first = both_lanes()
+    then = both_lanes()
+    assert not np.array_equal(*first)  # the lanes' streams differ
+    assert not np.array_equal(first[0], then[0])  # a lane's stream goes on
+    step.seed_lanes(3)
+    again = both_lanes()
+    assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
     step.close()
 
 

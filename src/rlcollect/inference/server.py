@@ -244,6 +244,10 @@ class InferenceServer(InferenceBackend):
         step.attach(
             {path: layout.request_sources(views, ("observation", *path)) for path in runner.paths}
         )
+        if step.lanes > 1:
+            # Its lanes' graphs draw from streams of their own, not the device's: seeded
+            # here as the one-lane step is by PolicyRng around each batch.
+            step.seed_lanes(seed)
         if step.capacity < max(batching.max_batch_size, self._k):
             raise ValueError(f"the action step holds {step.capacity} rows, fewer than a batch")
         self._version_rows = layout.request_sources(views, ("policy_version",))
@@ -496,14 +500,7 @@ class InferenceServer(InferenceBackend):
                     self._weights_lock.acquire()
                     holding = True
                 lane = free.popleft()
-                rng = self._rng
-                if rng is not None:
-                    rng.swap_in()
-                try:
-                    step.launch(flat, lane)
-                finally:
-                    if rng is not None:
-                        rng.swap_out()
+                step.launch(flat, lane)  # its graphs draw from the lane's own stream
                 self._overlapped += bool(flights)
                 flights.append(_Flight(lane, batch, workers, flat, self._version))
                 phase["gather"] += t1 - t0

@@ -43,8 +43,8 @@ chosen once, at construction:
       These graphs are captured twice, into two *lanes* (``_Lane``: buffers, stream and
       memory pool of their own), so that the server may keep two batches in flight
       (``launch``, ``ready``, ``collect``; ``server.py``, *Two batches in flight*).
-      A policy that draws random numbers keeps one lane (``_capture_whole`` says why),
-      and so does a recurrent one.
+      Each lane's graphs draw random numbers from a generator state of their own
+      (``_Lane`` says why), seeded by ``seed_lanes``. A recurrent policy keeps one lane.
 
     Weights are updated in place (see ``InferenceServer.update_weights``), so captured
     graphs and compiled code keep reading the current weights.
@@ -52,6 +52,7 @@ chosen once, at construction:
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -115,6 +116,10 @@ class ActionStep(ABC):
         """Batches that may be in flight at once through :meth:`launch`; 1: use
         :meth:`load` and :meth:`run` instead."""
         return 1
+
+    def seed_lanes(self, seed: int | None) -> None:
+        """Seed the random streams the lanes' graphs draw from (``lanes`` > 1 only)."""
+        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
 
     def launch(self, flat: np.ndarray, lane: int) -> None:
         """Start the batch of rows ``flat`` in ``lane`` (which holds no other) and return
@@ -180,15 +185,20 @@ class DeviceStep(ActionStep):
         }
         self.inputs = {path: t.numpy() for path, t in self._pinned_in.items()}
         self._device = device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._generator = torch.cuda.default_generators[index]  # policies draw from it
         self._ring_views: dict[Path, torch.Tensor] = {}
         self._registered: list[int] = []
         self._pool = torch.cuda.graph_pool_handle() if cuda_graph else None
         # Lane 0 serves every path; more lanes only hold whole-step graphs (see _Lane).
         lanes = self._LANES if cuda_graph else 1
-        self._lanes = [_Lane(device, cap, observations, outputs, self._pool)]
-        for _ in range(lanes - 1):
-            pool = torch.cuda.graph_pool_handle()
-            self._lanes.append(_Lane(device, cap, observations, outputs, pool))
+        self._lanes = []
+        for k in range(lanes):
+            pool = self._pool if k == 0 else torch.cuda.graph_pool_handle()
+            # With two lanes, each lane's graphs draw from a generator state of their own.
+            rng = self._generator.clone_state() if lanes > 1 else None
+            self._lanes.append(_Lane(device, cap, observations, outputs, pool, rng))
+        self._lane_count = 1  # until attach captures the lanes' whole-step graphs
         first = self._lanes[0]
         self._device_in, self._pinned_out, self._out_np = (
             first.device_in,
@@ -238,7 +248,24 @@ class DeviceStep(ActionStep):
 
     @property
     def lanes(self) -> int:
-        return len(self._lanes) if self._whole else 1
+        return self._lane_count
+
+    def seed_lanes(self, seed: int | None) -> None:
+        """Seed the lanes' random streams: one Philox stream of ``seed`` cut into
+        disjoint parts, lane ``k``'s from offset ``k * 2**40`` (a replay takes a few
+        offsets: far from any overlap); None: a seed of the OS's randomness."""
+        if self._lane_count < 2:
+            return
+        saved = self._generator.graphsafe_get_state()
+        base = seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        try:
+            for k, lane in enumerate(self._lanes):
+                assert lane.rng is not None
+                self._generator.graphsafe_set_state(lane.rng)
+                self._generator.manual_seed(base)
+                self._generator.set_offset(k << 40)
+        finally:
+            self._generator.graphsafe_set_state(saved)
 
     def launch(self, flat: np.ndarray, lane: int) -> None:
         this = self._lanes[lane]
@@ -316,19 +343,6 @@ class DeviceStep(ActionStep):
                 out = self._step(self._inputs_of(size))
             self._graphs[size] = (graph, out)
 
-    def _draws_random_numbers(self) -> bool:
-        """Whether lane 0's whole-step graphs draw from the device's generator: a replay
-        then advances its offset (the draws are spent, as a batch would spend them)."""
-        index = self._device.index
-        index = index if index is not None else torch.cuda.current_device()
-        generator = torch.cuda.default_generators[index]
-        lane = self._lanes[0]
-        before = generator.get_offset()
-        with torch.cuda.stream(lane.stream):
-            lane.whole[self.buckets[0]].replay()
-        lane.stream.synchronize()
-        return bool(generator.get_offset() != before)
-
     def _whole_step(self, size: int, lane: int) -> None:
         """Index upload, gather, step and outputs down for ``size`` rows into ``lane``'s
         buffers: what one whole-step graph replays."""
@@ -340,20 +354,24 @@ class DeviceStep(ActionStep):
     def _capture_whole(self) -> None:
         try:
             for i, lane in enumerate(self._lanes):
-                with torch.cuda.stream(lane.stream), torch.inference_mode():
-                    self._whole_step(self.capacity, i)  # once uncaptured: the gather's first run
-                    for size in reversed(self.buckets):
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph, pool=lane.pool, stream=lane.stream):
-                            self._whole_step(size, i)
-                        lane.whole[size] = graph
-                lane.stream.synchronize()
-                if i == 0 and len(self._lanes) > 1 and self._draws_random_numbers():
-                    # Every graph drawing from the device's generator reads the seed and
-                    # offset a replay writes into one buffer of the generator's: two
-                    # replays in flight could draw the same numbers. One lane, then.
-                    del self._lanes[1:]
-                    break
+                # A graph draws from the generator state that was the device's while it
+                # was captured: with two lanes, each lane's own (see _Lane).
+                saved = self._generator.graphsafe_get_state()
+                if lane.rng is not None:
+                    self._generator.graphsafe_set_state(lane.rng)
+                try:
+                    with torch.cuda.stream(lane.stream), torch.inference_mode():
+                        self._whole_step(self.capacity, i)  # once uncaptured: the first gather
+                        for size in reversed(self.buckets):
+                            graph = torch.cuda.CUDAGraph()
+                            with torch.cuda.graph(graph, pool=lane.pool, stream=lane.stream):
+                                self._whole_step(size, i)
+                            lane.whole[size] = graph
+                    lane.stream.synchronize()
+                finally:
+                    self._generator.graphsafe_set_state(saved)
+            self._lane_count = len(self._lanes)
+            self.seed_lanes(None)
         except Exception as exc:
             self.close()
             raise ValueError(
@@ -398,13 +416,19 @@ class DeviceStep(ActionStep):
 
 class _Lane:
     """What one batch in flight owns: the index upload, the input and output buffers, a
-    stream, the event its end is waited on, and one whole-step graph per padded size.
+    stream, the event its end is waited on, one whole-step graph per padded size, and
+    (with two lanes) the generator state its graphs draw from.
 
     The server keeps a batch in each lane at once (``InferenceServer``, *Two batches in
     flight*), so no lane shares anything another lane's replay writes: its graphs are
     captured into a memory pool of their own (two replays at once must not share their
-    intermediates), and its host buffers are its own. Both read the same weights, which
-    change only while no lane holds a batch. Lane 0's buffers also serve ``run``.
+    intermediates), and its host buffers are its own. So is its generator state: a
+    graph that draws random numbers reads its seed and offset from a device buffer of
+    the state it was captured with, which every replay of that state's graphs
+    rewrites first; two replays in flight on one state could read each other's offset
+    and draw the same numbers. ``seed_lanes`` gives the states disjoint streams. Both
+    lanes read the same weights, which change only while no lane holds a batch. Lane
+    0's buffers also serve ``run``.
     """
 
     def __init__(
@@ -414,6 +438,7 @@ class _Lane:
         observations: Mapping[Path, Field],
         outputs: Mapping[Key, Field],
         pool: Any,
+        rng: torch.Generator | None,
     ) -> None:
         self.device_in = {
             path: torch.zeros((cap, *f.shape), dtype=_torch_dtype(f), device=device)
@@ -431,6 +456,7 @@ class _Lane:
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self.done = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self.pool = pool
+        self.rng = rng
         self.whole: dict[int, torch.cuda.CUDAGraph] = {}
 
 
