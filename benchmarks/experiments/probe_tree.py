@@ -14,12 +14,7 @@ Probes:
     compiled_graph   gpu_time, and torch.compile wherever cuda_graph=True
     switch_interval  the GIL's switch interval 0.2 ms from the server thread on
     step_split       wall time of the replay call as "h2d", of the wait as "d2h"
-    one_lane         one batch at a time on every path (the server before two lanes)
-
-``blocking_wait``, ``gpu_time``, ``compiled_graph`` and ``step_split`` instrument the
-step's ``run``, the one-lane path: since the server keeps two batches in flight, a
-feed-forward graphed policy takes ``launch``/``collect`` instead, and they measure it
-only for the paths that still run one batch at a time (eager, recurrent, sampling).
+    two_lanes        two batches in flight: whole-step graphs in two lanes (not adopted)
 
 The tree is ``git archive <commit> src`` (default HEAD) with the patch applied; a probe
 that no longer applies fails here, naming the probe, before any device time is spent.

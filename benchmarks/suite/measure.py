@@ -98,6 +98,7 @@ def measure_collector(
         result[key] = server.get(key)
     result["server_phase_seconds"] = server.get("phase_seconds")
     result["gathers_on_device"] = server.get("gathers_on_device")
+    # batches launched while another was on the GPU: the two_lanes probe's server only
     result["overlapped_batches"] = server.get("overlapped_batches")
     result["batches"] = server.get("batches")
     return result

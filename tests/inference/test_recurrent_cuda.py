@@ -39,7 +39,6 @@ def test_every_mode_keeps_every_state_its_env_s(transport, mode):
         data = collect(c)
         stats = c.stats()["server"]
     assert stats["gathers_on_device"], "the ring was not page-locked for a GPU-side gather"
-    assert stats["lanes"] == 1  # one batch at a time: batches read the states others wrote
     check_counting_streams(data)
     check_recurrent_streams(data)
 

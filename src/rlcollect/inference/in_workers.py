@@ -125,6 +125,4 @@ class WorkerInference(InferenceBackend):
             "request_latency_p50": s["p50"],
             "request_latency_p95": s["p95"],
             "gathers_on_device": False,
-            "lanes": 1,
-            "overlapped_batches": 0,
         }

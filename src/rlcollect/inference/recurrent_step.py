@@ -55,10 +55,6 @@ class RecurrentHostStep(HostStep):
 class RecurrentDeviceStep(DeviceStep):
     """A recurrent policy on a CUDA device: eager, compiled and/or graphed."""
 
-    # One batch at a time: two in flight would gather and write back the state store
-    # at once, and a batch's envs must see the states the batch before them wrote.
-    _LANES = 1
-
     def __init__(
         self,
         runner: PolicyRunner,
@@ -106,6 +102,6 @@ class RecurrentDeviceStep(DeviceStep):
         self._store.load(flat)
         return super().load(flat)
 
-    def _copy_up(self, rows: int, lane: int = 0) -> None:
-        super()._copy_up(rows, lane)
+    def _copy_up(self, rows: int) -> None:
+        super()._copy_up(rows)
         self._store.upload()

@@ -13,10 +13,7 @@ batch's rows. A seeded run therefore repeats each env's stream exactly when batc
 formed the same way in every run (see ``docs/usage.md``, *Reproducibility*), and when no
 other thread of the process draws on the same device while a batch runs (with
 ``inference_backend="process"`` none can). CUDA graphs replay from the generator's
-state too, so a graphed step follows the same stream. The exception: a step with two
-lanes (``DeviceStep``, two batches in flight) captures each lane's graphs on a
-generator state of its own, seeded by ``DeviceStep.seed_lanes`` instead of swapped
-here.
+state too, so a graphed step follows the same stream.
 """
 
 from __future__ import annotations

@@ -26,26 +26,6 @@ it asked: that is what lets a worker keep one request per group of envs outstand
 The first batch waits for the first request of every worker: workers start at
 different speeds (process start, env construction), and serving the early ones alone
 would fill the first batches with a few envs' data.
-
-Two batches in flight
----------------------
-When the step holds whole-step CUDA graphs (``cuda_graph=True``, the ring page-locked,
-a feed-forward policy) it has two *lanes*, and the loop keeps a batch in each::
-
-    lane 0   gather+launch A ──[ A on the GPU ]── land A: scatter, respond
-    lane 1          requests arrive ── gather+launch B ──[ B on the GPU ]── land B
-
-A request that comes while batch A is on the GPU is launched at once into the free
-lane instead of waiting for A to end, and A's scatter and responses run while B is on
-the GPU. Each pass of the loop lands the oldest batch if the GPU is done with it (or
-when both lanes are full, waiting for it), and otherwise polls for requests and
-launches. Batches land in the order they were launched, so responses keep the
-requests' order. Why it pays: on the H200 a batch of the graphed Nature CNN is latency,
-not work (two replays on two streams take 1.3-1.5x one), and the server's thread was
-busy 93% of the time, most of it waiting on the GPU
-(``benchmarks/results/archive/h200/server_step``). Weights change only with no batch
-in flight: ``update_weights`` stops new launches and takes the weights lock, which the
-loop holds from the first launch until the last landing.
 """
 
 from __future__ import annotations
@@ -244,19 +224,12 @@ class InferenceServer(InferenceBackend):
         step.attach(
             {path: layout.request_sources(views, ("observation", *path)) for path in runner.paths}
         )
-        if step.lanes > 1:
-            # Its lanes' graphs draw from streams of their own, not the device's: seeded
-            # here as the one-lane step is by PolicyRng around each batch.
-            step.seed_lanes(seed)
         if step.capacity < max(batching.max_batch_size, self._k):
             raise ValueError(f"the action step holds {step.capacity} rows, fewer than a batch")
         self._version_rows = layout.request_sources(views, ("policy_version",))
         self._output_rows = {key: layout.request_sources(views, key) for key in output_keys}
         self._output_keys = frozenset(output_keys)
         self._weights_lock = threading.Lock()
-        # Updates waiting for the weights: the server lets no new batch fly meanwhile.
-        self._updates_waiting = 0
-        self._updates_lock = threading.Lock()
         self._version = 0
         self._stop = threading.Event()
         self._pause = threading.Event()  # asked to hold between batches
@@ -265,7 +238,6 @@ class InferenceServer(InferenceBackend):
         self._error: InferenceError | None = None
         self._phase_ns = dict.fromkeys(PHASES, 0)
         self._batches = 0
-        self._overlapped = 0  # batches launched while another was in flight
         self._rows = 0
         self._batch_sizes = np.zeros(batching.max_batch_size + self._k + 1, np.int64)
         self._latencies = np.zeros(_LATENCIES, np.float64)
@@ -335,30 +307,20 @@ class InferenceServer(InferenceBackend):
         """
         target = self._runner.policy.state_dict(keep_vars=True)
         check_weights(state_dict, {name: tuple(t.shape) for name, t in target.items()})
-        # With batches in flight the server holds the lock until the last one lands; the
-        # flag keeps it from launching more meanwhile, so an update waits for at most the
-        # batches already on the GPU.
-        with self._updates_lock:
-            self._updates_waiting += 1
-        try:
-            with self._weights_lock, torch.no_grad():
-                for name, value in state_dict.items():
-                    target[name].copy_(value)
-                if self._runner.device.type == "cuda":
-                    # The copies ran on this thread's stream; the server's streams must not
-                    # start the next forward before they are done.
-                    torch.cuda.current_stream(self._runner.device).synchronize()
-                self._version = self._version + 1 if version is None else version
-                return self._version
-        finally:
-            with self._updates_lock:
-                self._updates_waiting -= 1
+        with self._weights_lock, torch.no_grad():
+            for name, value in state_dict.items():
+                target[name].copy_(value)
+            if self._runner.device.type == "cuda":
+                # The copies ran on this thread's stream; the server's stream must not
+                # start the next forward before they are done.
+                torch.cuda.current_stream(self._runner.device).synchronize()
+            self._version = self._version + 1 if version is None else version
+            return self._version
 
     def stats(self) -> dict[str, Any]:
-        """Batches, rows, mean batch size, batch-size histogram, seconds per phase, the
+        """Batches, rows, mean batch size, batch-size histogram, seconds per phase, and the
         p50/p95 request latency (seconds from a request's arrival to its response) over
-        the last 16384 requests, the batches the step may hold at once (``lanes``) and
-        those launched while another was in flight (``overlapped_batches``)."""
+        the last 16384 requests."""
         sizes = {int(s): int(c) for s, c in enumerate(self._batch_sizes) if c}
         recent = self._latencies[: min(self._served, _LATENCIES)]
         p50, p95 = np.percentile(recent, [50, 95]).tolist() if recent.size else [0.0, 0.0]
@@ -371,8 +333,6 @@ class InferenceServer(InferenceBackend):
             "request_latency_p50": p50,
             "request_latency_p95": p95,
             "gathers_on_device": self._step.gathers_on_device,
-            "lanes": self._step.lanes,
-            "overlapped_batches": self._overlapped,
         }
 
     # ---------------------------------------------------------------- the loop
@@ -396,9 +356,6 @@ class InferenceServer(InferenceBackend):
     def _loop(self) -> None:
         pending: deque[tuple[int, int, float]] = deque()
         self._await_first_requests(pending)
-        if self._step.lanes > 1:
-            self._fly(pending)
-            return
         oldest = time.perf_counter()
         min_rows = self._batching.min_batch_size
         timeout = self._batching.batch_timeout
@@ -434,94 +391,6 @@ class InferenceServer(InferenceBackend):
                 oldest = pending[0][2]
             self._serve(batch)
 
-    def _fly(self, pending: deque[tuple[int, int, float]]) -> None:
-        """The loop with a batch in each of the step's lanes (module docstring, *Two
-        batches in flight*): each pass lands the oldest batch if the GPU is done with it
-        (or must be waited for), else waits for requests and launches a batch into a
-        free lane."""
-        flights: deque[_Flight] = deque()  # launched, oldest first: landed in that order
-        free = deque(range(self._step.lanes))
-        holding = False  # the weights lock, held while any batch is in flight
-        oldest = pending[0][2] if pending else time.perf_counter()
-        min_rows = self._batching.min_batch_size
-        timeout = self._batching.batch_timeout
-        clock = time.perf_counter_ns
-        phase = self._phase_ns
-        step = self._step
-        try:
-            while not self._stop.is_set():
-                if flights:
-                    # Land the oldest batch once the GPU is done with it; wait for it when
-                    # no lane is free, or when new weights or a pause want a quiet point.
-                    quiet = self._pause.is_set() or self._updates_waiting > 0
-                    if not free or quiet or step.ready(flights[0].lane):
-                        flight = flights.popleft()
-                        self._land(flight)
-                        free.append(flight.lane)
-                        if not flights:
-                            holding = False
-                            self._weights_lock.release()
-                        continue
-                elif self._pause.is_set():
-                    self._hold()
-                    continue
-                # wait (while a batch is in flight, a poll: the GPU is waited for too)
-                t0 = clock()
-                if flights:
-                    wait = 0.0
-                elif not pending:
-                    wait = _IDLE_WAIT
-                elif len(pending) * self._k >= min_rows:
-                    wait = 0.0
-                else:
-                    wait = max(0.0, oldest + timeout - time.perf_counter())
-                new = self._end.wait_requests(wait)
-                if new:
-                    now = time.perf_counter()
-                    if not pending:
-                        oldest = now
-                    pending.extend((w, p, now) for w, p in new)
-                # Time with a batch on the GPU is the forward's (the server waits on it).
-                phase["forward" if flights else "wait"] += clock() - t0
-                if not pending or self._updates_waiting:
-                    continue
-                ready = len(pending) * self._k >= min_rows
-                if not ready and time.perf_counter() - oldest < timeout:
-                    continue
-                # gather: the batch's rows, into a free lane; launch
-                t0 = clock()
-                n = min(len(pending), self._max_requests)
-                batch = [pending.popleft() for _ in range(n)]
-                if pending:
-                    oldest = pending[0][2]
-                workers, flat = self._rows_of(batch)
-                t1 = clock()
-                if not holding:
-                    self._weights_lock.acquire()
-                    holding = True
-                lane = free.popleft()
-                step.launch(flat, lane)  # its graphs draw from the lane's own stream
-                self._overlapped += bool(flights)
-                flights.append(_Flight(lane, batch, workers, flat, self._version))
-                phase["gather"] += t1 - t0
-                phase["forward"] += clock() - t1
-        finally:
-            # Whatever ended the loop, no batch stays on the GPU reading the ring, and the
-            # weights are free for an update.
-            try:
-                for flight in flights:
-                    step.collect(len(flight.flat), flight.lane)
-            finally:
-                if holding:
-                    self._weights_lock.release()
-
-    def _land(self, flight: _Flight) -> None:
-        """Wait for a launched batch's outputs and answer it."""
-        t0 = time.perf_counter_ns()
-        outputs = self._step.collect(len(flight.flat), flight.lane)
-        self._phase_ns["forward"] += time.perf_counter_ns() - t0
-        self._answer(flight.batch, flight.workers, flight.flat, outputs, flight.version)
-
     def _hold(self) -> None:
         """Hold between batches while paused (a quiet point: no forward runs)."""
         self._holding.set()
@@ -553,8 +422,12 @@ class InferenceServer(InferenceBackend):
     def _serve(self, batch: list[tuple[int, int, float]]) -> None:
         clock = time.perf_counter_ns
         phase = self._phase_ns
+        n = len(batch)
+        rows = n * self._k
         t0 = clock()
-        workers, flat = self._rows_of(batch)
+        workers = np.fromiter((b[0] for b in batch), dtype=np.intp, count=n)
+        requests = np.fromiter((b[1] for b in batch), dtype=np.intp, count=n)
+        flat = request_rows(self._layout, self._end.buffers, workers, requests)
         self._step.load(flat)
         t1 = clock()
         rng = self._rng
@@ -562,38 +435,11 @@ class InferenceServer(InferenceBackend):
             if rng is not None:
                 rng.swap_in()
             try:
-                outputs, (h2d, d2h) = self._step.run(len(flat))
+                outputs, (h2d, d2h) = self._step.run(rows)
             finally:
                 if rng is not None:
                     rng.swap_out()
             version = self._version
-        t2 = clock()
-        phase["gather"] += t1 - t0
-        # The step's own split of its time (device timers on a GPU); what it does not
-        # account for (launch overhead, the wait) is charged to forward.
-        step_ns = t2 - t1
-        phase["h2d"] += int(h2d * 1e9)
-        phase["d2h"] += int(d2h * 1e9)
-        phase["forward"] += max(0, step_ns - int((h2d + d2h) * 1e9))
-        self._answer(batch, workers, flat, outputs, version)
-
-    def _rows_of(self, batch: list[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndarray]:
-        """The batch's workers, and the flat ring rows of its observations."""
-        n = len(batch)
-        workers = np.fromiter((b[0] for b in batch), dtype=np.intp, count=n)
-        requests = np.fromiter((b[1] for b in batch), dtype=np.intp, count=n)
-        return workers, request_rows(self._layout, self._end.buffers, workers, requests)
-
-    def _answer(
-        self,
-        batch: list[tuple[int, int, float]],
-        workers: np.ndarray,
-        flat: np.ndarray,
-        outputs: dict[Key, np.ndarray],
-        version: int,
-    ) -> None:
-        """Scatter a served batch's outputs into its rows, wake its workers, count it."""
-        clock = time.perf_counter_ns
         t2 = clock()
         if outputs.keys() != self._output_keys:
             raise ValueError(
@@ -612,23 +458,18 @@ class InferenceServer(InferenceBackend):
         for b in batch:
             self._latencies[self._served % _LATENCIES] = done - b[2]
             self._served += 1
-        self._phase_ns["scatter"] += t3 - t2
-        self._phase_ns["respond"] += t4 - t3
-        rows = len(flat)
+        phase["gather"] += t1 - t0
+        # The step's own split of its time (device timers on a GPU); what it does not
+        # account for (launch overhead, the wait) is charged to forward.
+        step_ns = t2 - t1
+        phase["h2d"] += int(h2d * 1e9)
+        phase["d2h"] += int(d2h * 1e9)
+        phase["forward"] += max(0, step_ns - int((h2d + d2h) * 1e9))
+        phase["scatter"] += t3 - t2
+        phase["respond"] += t4 - t3
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
-
-
-@dataclass(frozen=True, slots=True)
-class _Flight:
-    """A batch launched into a lane of the step and not yet answered."""
-
-    lane: int
-    batch: list[tuple[int, int, float]]  # (worker, request, arrival) per request
-    workers: np.ndarray
-    flat: np.ndarray  # the ring rows of its observations
-    version: int  # the weights it runs with (they change only with no batch in flight)
 
 
 def check_output(key: Key, src: np.ndarray, dst: np.ndarray) -> None:

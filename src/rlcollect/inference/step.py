@@ -40,11 +40,6 @@ chosen once, at construction:
       wait for each. The index buffer starts zeroed and its unused tail keeps earlier
       batches' rows, so the padding rows a replay gathers are always rows of the ring.
       Its copies are inside the replay, timed as part of ``forward``.
-      These graphs are captured twice, into two *lanes* (``_Lane``: buffers, stream and
-      memory pool of their own), so that the server may keep two batches in flight
-      (``launch``, ``ready``, ``collect``; ``server.py``, *Two batches in flight*).
-      Each lane's graphs draw random numbers from a generator state of their own
-      (``_Lane`` says why), seeded by ``seed_lanes``. A recurrent policy keeps one lane.
 
     Weights are updated in place (see ``InferenceServer.update_weights``), so captured
     graphs and compiled code keep reading the current weights.
@@ -52,7 +47,6 @@ chosen once, at construction:
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -111,30 +105,6 @@ class ActionStep(ABC):
     def run(self, rows: int) -> tuple[dict[Key, np.ndarray], StepTimes]:
         """Outputs ``[rows, ...]`` by key (valid until the next call), and copy times."""
 
-    @property
-    def lanes(self) -> int:
-        """Batches that may be in flight at once through :meth:`launch`; 1: use
-        :meth:`load` and :meth:`run` instead."""
-        return 1
-
-    def seed_lanes(self, seed: int | None) -> None:
-        """Seed the random streams the lanes' graphs draw from (``lanes`` > 1 only)."""
-        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
-
-    def launch(self, flat: np.ndarray, lane: int) -> None:
-        """Start the batch of rows ``flat`` in ``lane`` (which holds no other) and return
-        at once; :meth:`collect` gets its outputs."""
-        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
-
-    def ready(self, lane: int) -> bool:
-        """True once ``lane``'s batch is done (:meth:`collect` will not wait)."""
-        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
-
-    def collect(self, rows: int, lane: int) -> dict[Key, np.ndarray]:
-        """Wait for ``lane``'s batch; its outputs ``[rows, ...]`` by key, valid until
-        the lane's next launch."""
-        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
-
     def close(self) -> None:  # noqa: B027 (most steps hold nothing to release)
         """Release what ``attach`` took (page-locking). Idempotent."""
 
@@ -162,9 +132,6 @@ class HostStep(ActionStep):
 class DeviceStep(ActionStep):
     """The policy on a CUDA device: page-locked staging, optional compile and graphs."""
 
-    #: Lanes of whole-step graphs: batches the server may keep in flight at once.
-    _LANES = 2
-
     def __init__(
         self,
         runner: PolicyRunner,
@@ -184,29 +151,23 @@ class DeviceStep(ActionStep):
             for path, f in observations.items()
         }
         self.inputs = {path: t.numpy() for path, t in self._pinned_in.items()}
+        self._device_in = {
+            path: torch.zeros((cap, *f.shape), dtype=_torch_dtype(f), device=device)
+            for path, f in observations.items()
+        }
+        self._pinned_out = {
+            key: torch.empty((cap, *f.shape), dtype=_torch_dtype(f), pin_memory=True)
+            for key, f in outputs.items()
+        }
+        self._out_np = {key: t.numpy() for key, t in self._pinned_out.items()}
         self._device = device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        self._generator = torch.cuda.default_generators[index]  # policies draw from it
         self._ring_views: dict[Path, torch.Tensor] = {}
         self._registered: list[int] = []
-        self._pool = torch.cuda.graph_pool_handle() if cuda_graph else None
-        # Lane 0 serves every path; more lanes only hold whole-step graphs (see _Lane).
-        lanes = self._LANES if cuda_graph else 1
-        self._lanes = []
-        for k in range(lanes):
-            pool = self._pool if k == 0 else torch.cuda.graph_pool_handle()
-            # With two lanes, each lane's graphs draw from a generator state of their own.
-            rng = self._generator.clone_state() if lanes > 1 else None
-            self._lanes.append(_Lane(device, cap, observations, outputs, pool, rng))
-        self._lane_count = 1  # until attach captures the lanes' whole-step graphs
-        first = self._lanes[0]
-        self._device_in, self._pinned_out, self._out_np = (
-            first.device_in,
-            first.pinned_out,
-            first.out_np,
-        )
-        self._index_pin, self._index_np = first.index_pin, first.index_np
-        self._stream = first.stream
+        # Zeroed: a padded replay of the whole-step graph gathers the unused tail too.
+        self._index_pin = torch.zeros(cap, dtype=torch.int64, pin_memory=True)
+        self._index_np = self._index_pin.numpy()
+        self._index_dev = torch.empty(cap, dtype=torch.int64, device=device)
+        self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         # The last event is the one waited on. A blocking event (the thread sleeps until
         # the GPU is done) was tried and measured on the H200: the forward phase per
         # batch of 32 grew from 240-254 us to 281-347 us, on the critical path of every
@@ -221,8 +182,9 @@ class DeviceStep(ActionStep):
         self._step = self._build_step(runner, compile_options)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[Key, torch.Tensor]]] = {}
         # Per padded size, the graph of index upload + gather + step + outputs down
-        # (captured by attach when the ring is page-locked): lane 0's, for run().
-        self._whole = first.whole
+        # (captured by attach when the ring is page-locked).
+        self._whole: dict[int, torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if cuda_graph else None
         with torch.cuda.stream(self._stream), torch.inference_mode():
             if compile_options is not None or cuda_graph:
                 for size in self.buckets:  # compiles each padded size now, not mid-collection
@@ -246,45 +208,6 @@ class DeviceStep(ActionStep):
     def gathers_on_device(self) -> bool:
         return bool(self._ring_views)
 
-    @property
-    def lanes(self) -> int:
-        return self._lane_count
-
-    def seed_lanes(self, seed: int | None) -> None:
-        """Seed the lanes' random streams: one Philox stream of ``seed`` cut into
-        disjoint parts, lane ``k``'s from offset ``k * 2**40`` (a replay takes a few
-        offsets: far from any overlap); None: a seed of the OS's randomness."""
-        if self._lane_count < 2:
-            return
-        saved = self._generator.graphsafe_get_state()
-        base = seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        try:
-            for k, lane in enumerate(self._lanes):
-                assert lane.rng is not None
-                self._generator.graphsafe_set_state(lane.rng)
-                self._generator.manual_seed(base)
-                self._generator.set_offset(k << 40)
-        finally:
-            self._generator.graphsafe_set_state(saved)
-
-    def launch(self, flat: np.ndarray, lane: int) -> None:
-        this = self._lanes[lane]
-        rows = len(flat)
-        # The lane's last replay is done (the server collected it): its index buffer is
-        # free. Rows past `rows` keep earlier batches' rows of this ring (see _Lane).
-        this.index_np[:rows] = flat
-        with torch.cuda.stream(this.stream):
-            this.whole[self._bucket(rows)].replay()
-            this.done.record()
-
-    def ready(self, lane: int) -> bool:
-        return bool(self._lanes[lane].done.query())  # type: ignore[no-untyped-call]
-
-    def collect(self, rows: int, lane: int) -> dict[Key, np.ndarray]:
-        this = self._lanes[lane]
-        this.done.synchronize()  # a spin, as in run(); the GIL is released meanwhile
-        return {key: arr[:rows] for key, arr in this.out_np.items()}
-
     def attach(self, rings: Mapping[Path, np.ndarray], *, register: bool = True) -> None:
         """Bind to the ring; page-lock it for a GPU-side gather unless ``register=False``."""
         super().attach(rings)
@@ -301,8 +224,7 @@ class DeviceStep(ActionStep):
             self._registered.append(ring.ctypes.data)
             self._ring_views[path] = view
         if self._graphs:
-            for lane in self._lanes:
-                lane.index_np[:] = 0  # rows of this ring, whatever an earlier one held
+            self._index_np[:] = 0  # rows of this ring, whatever an earlier one held
             self._capture_whole()
 
     def load(self, flat: np.ndarray) -> int:
@@ -313,27 +235,24 @@ class DeviceStep(ActionStep):
         return n
 
     def close(self) -> None:
-        for lane in self._lanes:
-            lane.stream.synchronize()  # no replay may read the ring once it is unregistered
-            lane.whole.clear()  # they read the registered ring: never replayed past here
+        self._whole = {}  # they read the registered ring: never replayed past this point
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
         for ptr in self._registered:
             cudart.cudaHostUnregister(ptr)
         self._registered = []
 
-    def _copy_up(self, rows: int, lane: int = 0) -> None:
-        this = self._lanes[lane]
+    def _copy_up(self, rows: int) -> None:
         if self._ring_views:
-            index = this.index_dev[:rows]
-            index.copy_(this.index_pin[:rows], non_blocking=True)
+            index = self._index_dev[:rows]
+            index.copy_(self._index_pin[:rows], non_blocking=True)
             for path, ring in self._ring_views.items():
-                torch.index_select(ring, 0, index, out=this.device_in[path][:rows])
+                torch.index_select(ring, 0, index, out=self._device_in[path][:rows])
         else:
             for path, src in self._pinned_in.items():
-                this.device_in[path][:rows].copy_(src[:rows], non_blocking=True)
+                self._device_in[path][:rows].copy_(src[:rows], non_blocking=True)
 
-    def _inputs_of(self, size: int, lane: int = 0) -> dict[Path, torch.Tensor]:
-        return {path: t[:size] for path, t in self._lanes[lane].device_in.items()}
+    def _inputs_of(self, size: int) -> dict[Path, torch.Tensor]:
+        return {path: t[:size] for path, t in self._device_in.items()}
 
     def _capture(self) -> None:
         # Largest first, so the smaller graphs fit in the memory the largest reserved.
@@ -343,35 +262,24 @@ class DeviceStep(ActionStep):
                 out = self._step(self._inputs_of(size))
             self._graphs[size] = (graph, out)
 
-    def _whole_step(self, size: int, lane: int) -> None:
-        """Index upload, gather, step and outputs down for ``size`` rows into ``lane``'s
-        buffers: what one whole-step graph replays."""
-        self._copy_up(size, lane)
-        out = self._step(self._inputs_of(size, lane))
-        for key, dst in self._lanes[lane].pinned_out.items():
+    def _whole_step(self, size: int) -> None:
+        """Index upload, gather, step and outputs down for ``size`` rows: what one
+        whole-step graph replays."""
+        self._copy_up(size)
+        out = self._step(self._inputs_of(size))
+        for key, dst in self._pinned_out.items():
             dst[:size].copy_(out[key][:size], non_blocking=True)
 
     def _capture_whole(self) -> None:
         try:
-            for i, lane in enumerate(self._lanes):
-                # A graph draws from the generator state that was the device's while it
-                # was captured: with two lanes, each lane's own (see _Lane).
-                saved = self._generator.graphsafe_get_state()
-                if lane.rng is not None:
-                    self._generator.graphsafe_set_state(lane.rng)
-                try:
-                    with torch.cuda.stream(lane.stream), torch.inference_mode():
-                        self._whole_step(self.capacity, i)  # once uncaptured: the first gather
-                        for size in reversed(self.buckets):
-                            graph = torch.cuda.CUDAGraph()
-                            with torch.cuda.graph(graph, pool=lane.pool, stream=lane.stream):
-                                self._whole_step(size, i)
-                            lane.whole[size] = graph
-                    lane.stream.synchronize()
-                finally:
-                    self._generator.graphsafe_set_state(saved)
-            self._lane_count = len(self._lanes)
-            self.seed_lanes(None)
+            with torch.cuda.stream(self._stream), torch.inference_mode():
+                self._whole_step(self.capacity)  # once uncaptured: the gather's first run
+                for size in reversed(self.buckets):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                        self._whole_step(size)
+                    self._whole[size] = graph
+            self._stream.synchronize()
         except Exception as exc:
             self.close()
             raise ValueError(
@@ -412,52 +320,6 @@ class DeviceStep(ActionStep):
             if size >= rows:
                 return size
         raise ValueError(f"batch of {rows} rows exceeds the step's capacity {self.capacity}")
-
-
-class _Lane:
-    """What one batch in flight owns: the index upload, the input and output buffers, a
-    stream, the event its end is waited on, one whole-step graph per padded size, and
-    (with two lanes) the generator state its graphs draw from.
-
-    The server keeps a batch in each lane at once (``InferenceServer``, *Two batches in
-    flight*), so no lane shares anything another lane's replay writes: its graphs are
-    captured into a memory pool of their own (two replays at once must not share their
-    intermediates), and its host buffers are its own. So is its generator state: a
-    graph that draws random numbers reads its seed and offset from a device buffer of
-    the state it was captured with, which every replay of that state's graphs
-    rewrites first; two replays in flight on one state could read each other's offset
-    and draw the same numbers. ``seed_lanes`` gives the states disjoint streams. Both
-    lanes read the same weights, which change only while no lane holds a batch. Lane
-    0's buffers also serve ``run``.
-    """
-
-    def __init__(
-        self,
-        device: torch.device,
-        cap: int,
-        observations: Mapping[Path, Field],
-        outputs: Mapping[Key, Field],
-        pool: Any,
-        rng: torch.Generator | None,
-    ) -> None:
-        self.device_in = {
-            path: torch.zeros((cap, *f.shape), dtype=_torch_dtype(f), device=device)
-            for path, f in observations.items()
-        }
-        self.pinned_out = {
-            key: torch.empty((cap, *f.shape), dtype=_torch_dtype(f), pin_memory=True)
-            for key, f in outputs.items()
-        }
-        self.out_np = {key: t.numpy() for key, t in self.pinned_out.items()}
-        # Zeroed: a padded replay of the whole-step graph gathers the unused tail too.
-        self.index_pin = torch.zeros(cap, dtype=torch.int64, pin_memory=True)
-        self.index_np = self.index_pin.numpy()
-        self.index_dev = torch.empty(cap, dtype=torch.int64, device=device)
-        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        self.done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self.pool = pool
-        self.rng = rng
-        self.whole: dict[int, torch.cuda.CUDAGraph] = {}
 
 
 class _CudaArray:
