@@ -47,7 +47,7 @@ from rlcollect.errors import ChannelClosed, WorkerFailure
 from rlcollect.inference.board import WeightsBoard
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.process import InferenceConfig
-from rlcollect.inference.rng import PolicyRng
+from rlcollect.inference.rng import PolicyRng, policy_rng
 from rlcollect.inference.server import check_output
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
@@ -137,7 +137,7 @@ class LocalEnd(WorkerEnd):
             if own_process:  # its generator is its own: seed it once
                 torch.manual_seed(seed)
             else:  # a thread: the driver's generator, so a stream swapped in per forward
-                self._rng = PolicyRng(device, seed)
+                self._rng = policy_rng(device, seed)
 
     def request(self, position: int) -> None:
         start = time.perf_counter_ns()

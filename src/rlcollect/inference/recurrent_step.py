@@ -46,9 +46,16 @@ class RecurrentHostStep(HostStep):
         return super().load(flat)
 
     def run(self, rows: int) -> tuple[dict[Key, np.ndarray], StepTimes]:
-        with torch.inference_mode():
-            inputs = {path: t[:rows] for path, t in self._tensors.items()}
-            out = self._store.run(self._runner.call_recurrent, inputs)
+        rng = self._rng
+        if rng is not None:
+            rng.swap_in()
+        try:
+            with torch.inference_mode():
+                inputs = {path: t[:rows] for path, t in self._tensors.items()}
+                out = self._store.run(self._runner.call_recurrent, inputs)
+        finally:
+            if rng is not None:
+                rng.swap_out()
         return {key: value.detach().numpy() for key, value in out.items()}, (0.0, 0.0)
 
 

@@ -2,48 +2,126 @@
 
 A policy draws its exploration noise from torch's default generator of its device
 (``torch.distributions``, ``torch.rand``...), which the whole process shares. The
-server keeps a stream of its own on that generator: it swaps the stream's state in just
-before a batch's action step and out just after, so the draws of batch ``k`` are the
-next numbers of one stream seeded once, and the rest of the process (a learner's
-dropout, its own sampling) sees its own stream go on as if the server drew nothing.
+action step keeps a stream of its own for it, so the draws of batch ``k`` are the next
+numbers of one stream seeded once, and the rest of the process (a learner's dropout,
+its own sampling) sees its own stream go on as if the server drew nothing. How the
+stream reaches the policy depends on how the step runs it:
 
-It is one stream per server, consumed batch by batch, not one per env: a policy draws
+* **An eager or compiled call** draws from whatever the default generator holds at
+  the time, so the step swaps its stream in just before the call and out just after
+  (``swap_in``/``swap_out``). While it is swapped in, the whole process shares it: a
+  draw by another thread on the same device in that window takes numbers from the
+  server's stream.
+* **A CUDA graph** reads its seed and offset from a device buffer of the generator
+  *state* it was captured with; every replay writes the state's current seed and
+  offset into that buffer first, on the replaying stream, and the graph's kernels read
+  it later. Two graphs captured on one state, replayed at once from two threads, could
+  read each other's values and draw the same numbers. So on a CUDA device the stream
+  is a generator state of its own (``DeviceRng``), not a copy of the default state's
+  numbers: the step captures its graphs with it installed (``installed``), and from
+  then on every replay draws from it and from nothing else, with no swap at all. A
+  learner in the same process may draw and replay its own graphs on that device at
+  any time (``docs/usage.md``, *Reproducibility*).
+
+It is one stream per step, consumed batch by batch, not one per env: a policy draws
 for a whole batch at once, row by row, so which env gets which number depends on the
 batch's rows. A seeded run therefore repeats each env's stream exactly when batches are
-formed the same way in every run (see ``docs/usage.md``, *Reproducibility*), and when no
-other thread of the process draws on the same device while a batch runs (with
-``inference_backend="process"`` none can). CUDA graphs replay from the generator's
-state too, so a graphed step follows the same stream.
+formed the same way in every run.
 """
 
 from __future__ import annotations
 
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
 import torch
 
-__all__ = ["PolicyRng"]
+__all__ = ["DeviceRng", "HostRng", "PolicyRng", "policy_rng"]
 
 
-class PolicyRng:
-    """A stream of the default generator of ``device``, swapped in around each batch."""
+class PolicyRng(ABC):
+    """A random stream of its own for the policy's draws on one device."""
 
-    def __init__(self, device: torch.device, seed: int) -> None:
-        if device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            self._generator = torch.cuda.default_generators[index]
-        else:
-            self._generator = torch.default_generator
-        saved = self._generator.get_state()
-        self._generator.manual_seed(seed)
-        self._state = self._generator.get_state()
-        self._generator.set_state(saved)
-        self._saved = saved
+    @abstractmethod
+    def reseed(self, seed: int | None) -> None:
+        """Start the stream again from ``seed`` (None: a seed of the OS's randomness)."""
+
+    @abstractmethod
+    def swap_in(self) -> None:
+        """Before an eager call: the stream becomes the device's default generator's."""
+
+    @abstractmethod
+    def swap_out(self) -> None:
+        """After the call: keep where the stream is, give the device's back."""
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The stream as the device's default generator's for the ``with`` block."""
+        self.swap_in()
+        try:
+            yield
+        finally:
+            self.swap_out()
+
+
+class HostRng(PolicyRng):
+    """On the CPU: the stream's numbers (its generator state as bytes) are swapped into
+    the default generator and back, about 1 µs each way."""
+
+    def __init__(self, seed: int | None) -> None:
+        self._generator = torch.default_generator
+        self._saved = self._generator.get_state()
+        self._state = self._saved
+        self.reseed(seed)
+
+    def reseed(self, seed: int | None) -> None:
+        with self.installed():
+            if seed is None:
+                self._generator.seed()
+            else:
+                self._generator.manual_seed(seed)
 
     def swap_in(self) -> None:
-        """Before a batch: the server's stream becomes the device's (about 1 µs on a CPU)."""
         self._saved = self._generator.get_state()
         self._generator.set_state(self._state)
 
     def swap_out(self) -> None:
-        """After a batch: keep where the server's stream is, give the device's back."""
         self._state = self._generator.get_state()
         self._generator.set_state(self._saved)
+
+
+class DeviceRng(PolicyRng):
+    """On a CUDA device: a generator state of its own (``clone_state``), installed as
+    the default generator's state object while an eager call runs or a graph is
+    captured (``graphsafe_set_state``). Graphs captured meanwhile stay bound to it."""
+
+    def __init__(self, device: torch.device, seed: int | None) -> None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._generator = torch.cuda.default_generators[index]
+        self._state = self._generator.clone_state()
+        self._saved: torch.Generator | None = None
+        self.reseed(seed)
+
+    def reseed(self, seed: int | None) -> None:
+        # Graphs bound to the state read its seed and offset at each replay: they follow.
+        with self.installed():
+            if seed is None:
+                self._generator.seed()
+            else:
+                self._generator.manual_seed(seed)
+
+    def swap_in(self) -> None:
+        self._saved = self._generator.graphsafe_get_state()
+        self._generator.graphsafe_set_state(self._state)
+
+    def swap_out(self) -> None:
+        # The stream's draws advanced self._state in place: only the default goes back.
+        assert self._saved is not None
+        self._generator.graphsafe_set_state(self._saved)
+        self._saved = None
+
+
+def policy_rng(device: torch.device, seed: int | None) -> PolicyRng:
+    """The stream for a policy on ``device``, seeded with ``seed``."""
+    return DeviceRng(device, seed) if device.type == "cuda" else HostRng(seed)

@@ -44,7 +44,6 @@ import torch
 from rlcollect.errors import ChannelClosed, InferenceError
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.inference.policy import PolicyRunner
-from rlcollect.inference.rng import PolicyRng
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import RequestEnd
 from rlcollect.transports.layout import Key, RingLayout, request_envs, request_rows
@@ -126,9 +125,9 @@ class InferenceServer(InferenceBackend):
         layout: the ring ``end`` was started with (how requests address it).
         batching: batch size limits and timeout.
         output_keys: the keys the policy returned when the collector was built.
-        seed: seeds the policy's own random stream (``inference/rng.py``), swapped in
-            around each batch; None leaves the policy drawing from the device's shared
-            stream.
+        seed: seeds the policy's own random stream (``step.seed``, ``inference/rng.py``);
+            None leaves it unseeded: a policy on the CPU then draws from the process's
+            stream, one on a GPU from a stream of the step's own seeded by the OS.
 
     The server owns the policy copy inside ``runner``; :meth:`update_weights` changes it
     between batches only and bumps :attr:`policy_version`, which is stamped on every
@@ -208,7 +207,8 @@ class InferenceServer(InferenceBackend):
         seed: int | None = None,
     ) -> None:
         self._runner = runner
-        self._rng = None if seed is None else PolicyRng(runner.device, seed)
+        if seed is not None:
+            step.seed(seed)
         self._step = step
         self._end = end
         self._layout = layout
@@ -430,15 +430,8 @@ class InferenceServer(InferenceBackend):
         flat = request_rows(self._layout, self._end.buffers, workers, requests)
         self._step.load(flat)
         t1 = clock()
-        rng = self._rng
         with self._weights_lock:
-            if rng is not None:
-                rng.swap_in()
-            try:
-                outputs, (h2d, d2h) = self._step.run(rows)
-            finally:
-                if rng is not None:
-                    rng.swap_out()
+            outputs, (h2d, d2h) = self._step.run(rows)
             version = self._version
         t2 = clock()
         if outputs.keys() != self._output_keys:

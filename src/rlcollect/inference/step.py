@@ -33,13 +33,15 @@ chosen once, at construction:
       copied into the static input before every replay, so a policy that writes its
       input in place never reads a stale one; padding rows hold earlier observations,
       whose outputs are ignored. RNG draws inside a graph advance with every replay, so
-      a sampling policy stays random. When the ring is page-locked, ``attach`` captures
-      a second graph per size that also holds the batch's index upload, the gather and
-      the outputs' copies down: a batch is then one replay, where each of those copies
-      would otherwise be a launch of its own from the server thread, and the GPU would
-      wait for each. The index buffer starts zeroed and its unused tail keeps earlier
-      batches' rows, so the padding rows a replay gathers are always rows of the ring.
-      Its copies are inside the replay, timed as part of ``forward``.
+      a sampling policy stays random (from the step's own generator state, which its
+      graphs are captured on: ``inference/rng.py``). When the ring is page-locked,
+      ``attach`` captures a second graph per size that also holds the batch's index
+      upload, the gather and the outputs' copies down: a batch is then one replay, where
+      each of those copies would otherwise be a launch of its own from the server
+      thread, and the GPU would wait for each. The index buffer starts zeroed and its
+      unused tail keeps earlier batches' rows, so the padding rows a replay gathers are
+      always rows of the ring. Its copies are inside the replay, timed as part of
+      ``forward``.
 
     Weights are updated in place (see ``InferenceServer.update_weights``), so captured
     graphs and compiled code keep reading the current weights.
@@ -56,6 +58,7 @@ import torch
 
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.recurrent import StateStore
+from rlcollect.inference.rng import DeviceRng, HostRng
 from rlcollect.transports.layout import Field, Key, Path
 
 # The strategies themselves (ActionStep, HostStep, DeviceStep) are the inference
@@ -105,6 +108,11 @@ class ActionStep(ABC):
     def run(self, rows: int) -> tuple[dict[Key, np.ndarray], StepTimes]:
         """Outputs ``[rows, ...]`` by key (valid until the next call), and copy times."""
 
+    @abstractmethod
+    def seed(self, seed: int) -> None:
+        """From the next batch on, the policy draws from a stream of its own started
+        from ``seed`` (``inference/rng.py``)."""
+
     def close(self) -> None:  # noqa: B027 (most steps hold nothing to release)
         """Release what ``attach`` took (page-locking). Idempotent."""
 
@@ -122,10 +130,22 @@ class HostStep(ActionStep):
             for path, f in observations.items()
         }
         self.inputs = {path: t.numpy() for path, t in self._tensors.items()}
+        # Unseeded, the policy draws from the process's stream and nothing is swapped.
+        self._rng: HostRng | None = None
+
+    def seed(self, seed: int) -> None:
+        self._rng = HostRng(seed)
 
     def run(self, rows: int) -> tuple[dict[Key, np.ndarray], StepTimes]:
-        with torch.inference_mode():
-            out = self._runner.call({path: t[:rows] for path, t in self._tensors.items()})
+        rng = self._rng
+        if rng is not None:
+            rng.swap_in()
+        try:
+            with torch.inference_mode():
+                out = self._runner.call({path: t[:rows] for path, t in self._tensors.items()})
+        finally:
+            if rng is not None:
+                rng.swap_out()
         return {key: value.detach().numpy() for key, value in out.items()}, (0.0, 0.0)
 
 
@@ -185,7 +205,10 @@ class DeviceStep(ActionStep):
         # (captured by attach when the ring is page-locked).
         self._whole: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if cuda_graph else None
-        with torch.cuda.stream(self._stream), torch.inference_mode():
+        # Always a stream of its own, seeded by the OS until seed(): the graphs are bound
+        # to the generator state they are captured with, for good (inference/rng.py).
+        self._rng = DeviceRng(device, None)
+        with self._rng.installed(), torch.cuda.stream(self._stream), torch.inference_mode():
             if compile_options is not None or cuda_graph:
                 for size in self.buckets:  # compiles each padded size now, not mid-collection
                     for _ in range(_WARMUP_CALLS):
@@ -207,6 +230,9 @@ class DeviceStep(ActionStep):
     @property
     def gathers_on_device(self) -> bool:
         return bool(self._ring_views)
+
+    def seed(self, seed: int) -> None:
+        self._rng.reseed(seed)
 
     def attach(self, rings: Mapping[Path, np.ndarray], *, register: bool = True) -> None:
         """Bind to the ring; page-lock it for a GPU-side gather unless ``register=False``."""
@@ -272,7 +298,7 @@ class DeviceStep(ActionStep):
 
     def _capture_whole(self) -> None:
         try:
-            with torch.cuda.stream(self._stream), torch.inference_mode():
+            with self._rng.installed(), torch.cuda.stream(self._stream), torch.inference_mode():
                 self._whole_step(self.capacity)  # once uncaptured: the gather's first run
                 for size in reversed(self.buckets):
                     graph = torch.cuda.CUDAGraph()
@@ -293,7 +319,7 @@ class DeviceStep(ActionStep):
         whole = self._whole.get(size)
         if whole is not None:
             with torch.cuda.stream(self._stream):
-                whole.replay()
+                whole.replay()  # bound to the step's own generator state since capture
                 e3.record()
             e3.synchronize()  # the one wait per batch
             return {key: arr[:rows] for key, arr in self._out_np.items()}, (0.0, 0.0)
@@ -303,9 +329,13 @@ class DeviceStep(ActionStep):
             e1.record()
             if size in self._graphs:
                 graph, out = self._graphs[size]
-                graph.replay()
+                graph.replay()  # draws from the state it was captured on: no swap
             else:
-                out = self._step(self._inputs_of(size))
+                self._rng.swap_in()
+                try:
+                    out = self._step(self._inputs_of(size))
+                finally:
+                    self._rng.swap_out()
                 _check_outputs(out, self._pinned_out)  # a graph's outputs cannot change
             e2.record()
             for key, dst in self._pinned_out.items():
