@@ -43,9 +43,18 @@ __all__ = ["DeviceRng", "HostRng", "PolicyRng", "policy_rng"]
 class PolicyRng(ABC):
     """A random stream of its own for the policy's draws on one device."""
 
-    @abstractmethod
+    #: The device's default generator, which the policy draws from.
+    _generator: torch.Generator
+
     def reseed(self, seed: int | None) -> None:
-        """Start the stream again from ``seed`` (None: a seed of the OS's randomness)."""
+        """Start the stream again from ``seed`` (None: a seed of the OS's randomness).
+        On a GPU, graphs bound to the stream follow: a replay reads the state's seed
+        and offset as they are then."""
+        with self.installed():
+            if seed is None:
+                self._generator.seed()
+            else:
+                self._generator.manual_seed(seed)
 
     @abstractmethod
     def swap_in(self) -> None:
@@ -75,13 +84,6 @@ class HostRng(PolicyRng):
         self._state = self._saved
         self.reseed(seed)
 
-    def reseed(self, seed: int | None) -> None:
-        with self.installed():
-            if seed is None:
-                self._generator.seed()
-            else:
-                self._generator.manual_seed(seed)
-
     def swap_in(self) -> None:
         self._saved = self._generator.get_state()
         self._generator.set_state(self._state)
@@ -102,14 +104,6 @@ class DeviceRng(PolicyRng):
         self._state = self._generator.clone_state()
         self._saved: torch.Generator | None = None
         self.reseed(seed)
-
-    def reseed(self, seed: int | None) -> None:
-        # Graphs bound to the state read its seed and offset at each replay: they follow.
-        with self.installed():
-            if seed is None:
-                self._generator.seed()
-            else:
-                self._generator.manual_seed(seed)
 
     def swap_in(self) -> None:
         self._saved = self._generator.graphsafe_get_state()
