@@ -141,6 +141,7 @@ class Learner:
     def __init__(self):
         self.graph, self.out = rand_graph()
         self.draws = []
+        self._drawing = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -153,9 +154,12 @@ class Learner:
         torch.cuda.manual_seed(11)
         while not self._stop.is_set() and len(self.draws) < 20_000:
             self.draws.append(self._draw())
+            self._drawing.set()
 
     def __enter__(self):
         self._thread.start()
+        # The collector serves from construction on: the first draw is during collection.
+        assert self._drawing.wait(timeout=60)
         return self
 
     def __exit__(self, *exc):
