@@ -319,7 +319,7 @@ class DeviceStep(ActionStep):
         whole = self._whole.get(size)
         if whole is not None:
             with torch.cuda.stream(self._stream):
-                whole.replay()  # bound to the step's own generator state since capture
+                whole.replay()
                 e3.record()
             e3.synchronize()  # the one wait per batch
             return {key: arr[:rows] for key, arr in self._out_np.items()}, (0.0, 0.0)
@@ -329,7 +329,7 @@ class DeviceStep(ActionStep):
             e1.record()
             if size in self._graphs:
                 graph, out = self._graphs[size]
-                graph.replay()  # draws from the state it was captured on: no swap
+                graph.replay()
             else:
                 self._rng.swap_in()
                 try:
