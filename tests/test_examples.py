@@ -600,8 +600,9 @@ def test_ppo_atari_gym_envs_and_deadline(tmp_path):
 
 
 def test_probe_trees_apply_to_head(tmp_path):
-    # Every probe of benchmarks/experiments/probes still applies to the committed tree and
-    # gives code that compiles: a change to the lines a probe patches must update it.
+    # Every probe of benchmarks/experiments/probes still applies to the committed tree
+    # (or, pinned, to its base commit) and gives code that compiles: a change to the
+    # lines an unpinned probe patches must update it.
     import py_compile
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
@@ -615,11 +616,12 @@ def test_probe_trees_apply_to_head(tmp_path):
         added = [line for line in patch.splitlines() if line.startswith("+") and "probe" in line]
         assert added, f"probe {name} does not say what it does (a '# probe: ...' comment)"
         tree = probe_tree.build(name, tmp_path / name)
+        commit = probe_tree.base(name)
         files = [line.split()[1][2:] for line in patch.splitlines() if line.startswith("+++ ")]
         assert files, name
         for rel in files:
             head = subprocess.run(
-                ["git", "-C", str(ROOT), "show", f"HEAD:{rel}"], capture_output=True, check=True
+                ["git", "-C", str(ROOT), "show", f"{commit}:{rel}"], capture_output=True, check=True
             ).stdout
             assert (tree / rel).read_bytes() != head, (name, rel)
             py_compile.compile(str(tree / rel), doraise=True)

@@ -16,8 +16,12 @@ Probes:
     step_split       wall time of the replay call as "h2d", of the wait as "d2h"
     two_lanes        two batches in flight: whole-step graphs in two lanes (not adopted)
 
-The tree is ``git archive <commit> src`` (default HEAD) with the patch applied; a probe
-that no longer applies fails here, naming the probe, before any device time is spent.
+The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
+applies fails here, naming the probe, before any device time is spent. The commit is
+HEAD, unless the patch's first line pins the probe to the tree it was built on
+(``base: <commit> ...``): a whole feature kept as a probe, such as ``two_lanes``, is
+then rebuilt as it was measured, and an A/B takes that commit's ``src/`` as the other
+tree.
 """
 
 from __future__ import annotations
@@ -38,16 +42,30 @@ def names() -> list[str]:
     return sorted(p.stem for p in PROBES.glob("*.patch"))
 
 
-def build(probe: str, out: Path, commit: str = "HEAD") -> Path:
-    """Write ``out/src`` (``commit``'s ``src/`` with ``probe`` applied) and return ``out``.
+def base(probe: str) -> str:
+    """The commit ``probe`` applies to: its pinned ``base:``, or HEAD.
+
+    Raises:
+        ValueError: no such probe.
+    """
+    patch = PROBES / f"{probe}.patch"
+    if not patch.is_file():
+        raise ValueError(f"no probe {probe!r}; choose from {names()}")
+    with patch.open() as f:
+        first = f.readline().split()
+    return first[1] if first[:1] == ["base:"] else "HEAD"
+
+
+def build(probe: str, out: Path, commit: str | None = None) -> Path:
+    """Write ``out/src`` (``commit``'s ``src/``, default ``base(probe)``, with ``probe``
+    applied) and return ``out``.
 
     Raises:
         ValueError: no such probe.
         RuntimeError: git cannot archive ``commit``, or the probe does not apply to it.
     """
+    commit = base(probe) if commit is None else commit
     patch = PROBES / f"{probe}.patch"
-    if not patch.is_file():
-        raise ValueError(f"no probe {probe!r}; choose from {names()}")
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "src"],
         capture_output=True,
@@ -79,13 +97,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("probe", choices=names())
     p.add_argument("out", type=Path, help="directory for the tree (replaced if it exists)")
-    p.add_argument("--commit", default="HEAD")
+    p.add_argument("--commit", help="default: the probe's pinned base, or HEAD")
     args = p.parse_args()
+    commit = base(args.probe) if args.commit is None else args.commit
     try:
-        out = build(args.probe, args.out, args.commit)
+        out = build(args.probe, args.out, commit)
     except (ValueError, RuntimeError) as exc:
         sys.exit(str(exc))
-    print(f"wrote {out / 'src'} ({args.commit} + probes/{args.probe}.patch)")
+    print(f"wrote {out / 'src'} ({commit} + probes/{args.probe}.patch)")
 
 
 if __name__ == "__main__":
