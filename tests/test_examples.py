@@ -1,6 +1,7 @@
 """Smoke tests: the examples and benchmarks run end to end with tiny budgets."""
 
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -619,11 +620,22 @@ def test_probe_trees_apply_to_head(tmp_path):
         commit = probe_tree.base(name)
         files = [line.split()[1][2:] for line in patch.splitlines() if line.startswith("+++ ")]
         assert files, name
+        lines = patch.splitlines()
+        new = {  # modules the probe adds: no "before" side
+            b.split()[1][2:]
+            for a, b in itertools.pairwise(lines)
+            if a.startswith("--- /dev/null") and b.startswith("+++ ")
+        }
         for rel in files:
-            head = subprocess.run(
-                ["git", "-C", str(ROOT), "show", f"{commit}:{rel}"], capture_output=True, check=True
-            ).stdout
-            assert (tree / rel).read_bytes() != head, (name, rel)
+            if rel in new:
+                assert (tree / rel).is_file(), (name, rel)
+            else:
+                head = subprocess.run(
+                    ["git", "-C", str(ROOT), "show", f"{commit}:{rel}"],
+                    capture_output=True,
+                    check=True,
+                ).stdout
+                assert (tree / rel).read_bytes() != head, (name, rel)
             py_compile.compile(str(tree / rel), doraise=True)
     with pytest.raises(ValueError, match="no probe 'nope'"):
         probe_tree.build("nope", tmp_path / "nope")

@@ -36,6 +36,7 @@ _ALSO = (
     "driver_thread_cpu_ms_per_frame",
     "batches",
     "overlapped_batches",
+    "gpu_wait",
 )
 
 

@@ -15,6 +15,7 @@ Probes:
     switch_interval  the GIL's switch interval 0.2 ms from the server thread on
     step_split       wall time of the replay call as "h2d", of the wait as "d2h"
     two_lanes        two batches in flight: whole-step graphs in two lanes (not adopted)
+    gpu_nap          the wait on the GPU naps (learned per batch size), then spins (not adopted)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is

@@ -101,4 +101,5 @@ def measure_collector(
     # batches launched while another was on the GPU: the two_lanes probe's server only
     result["overlapped_batches"] = server.get("overlapped_batches")
     result["batches"] = server.get("batches")
+    result["gpu_wait"] = server.get("gpu_wait")  # naps before the spin (inference/gpu_wait.py)
     return result
