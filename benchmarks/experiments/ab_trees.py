@@ -3,8 +3,8 @@
 Runs configurations of a suite series (``benchmarks/suite/plans.py``) in fresh
 processes, alternating the ``rlcollect`` package imported (``--before DIR``: a tree with
 ``src/rlcollect``, e.g. ``git archive HEAD~3 src | tar -x -C DIR``; after: this
-checkout), round after round, so both trees see the same machine. Reports each tree's
-median frames/s and the median of the per-round after/before ratios.
+checkout, or ``--after DIR``), round after round, so both trees see the same machine.
+Reports each tree's median frames/s and the median of the per-round after/before ratios.
 
     python benchmarks/experiments/ab_trees.py --before .before --suite gpu \\
         --series pixels --configs 'pixels[process_slots-chunk1-graph]' --rounds 3 \\
@@ -43,6 +43,7 @@ _ALSO = (
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--before", required=True, help="a tree holding src/rlcollect")
+    p.add_argument("--after", help="a tree holding src/rlcollect (default: this checkout)")
     p.add_argument("--suite", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--series", default="pixels")
     p.add_argument("--configs", nargs="*", help="names in the series (default: all)")
@@ -56,7 +57,8 @@ def main() -> None:
     unknown = sorted(set(names) - set(series.runs))
     if unknown:
         sys.exit(f"unknown configs {unknown}; choose from {sorted(series.runs)}")
-    trees = {"before": Path(args.before).resolve() / "src", "after": ROOT / "src"}
+    after = Path(args.after).resolve() if args.after else ROOT
+    trees = {"before": Path(args.before).resolve() / "src", "after": after / "src"}
     site = os.environ.get("PYTHONPATH", "")
     fps: dict[str, dict[str, list[float]]] = {n: {"before": [], "after": []} for n in names}
     # what else a run reports, where it does: the request's round trip, batch, driver CPU

@@ -16,6 +16,8 @@ Probes:
     step_split       wall time of the replay call as "h2d", of the wait as "d2h"
     two_lanes        two batches in flight: whole-step graphs in two lanes (not adopted)
     gpu_nap          the wait on the GPU naps (learned per batch size), then spins (not adopted)
+    no_copy          nothing copied out of the ring: batches of garbage (zero-copy's bound)
+    spin_response    a worker process polls for its answer before it blocks (SPIN_US env)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is
