@@ -37,6 +37,7 @@ _ALSO = (
     "batches",
     "overlapped_batches",
     "gpu_wait",
+    "ring_batches",
 )
 
 

@@ -87,7 +87,10 @@ def measure_collector(
     steps = batches()
     try:
         result = measure(steps, warmup_s, measure_s)
-        server = held[0].stats().get("server", {})
+        stats = held[0].stats()
+        server = stats.get("server", {})
+        # batches handed out as views of their ring slot (collector/loans.py)
+        result["ring_batches"] = stats.get("ring_batches")
         result["transition_chunk_size"] = held[0].transition_chunk_size
         # the layout as resolved ("auto" becomes a number)
         result["envs_per_worker"] = held[0].envs_per_worker

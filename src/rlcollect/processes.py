@@ -55,7 +55,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
@@ -68,7 +69,9 @@ __all__ = [
     "child_env",
     "create_segment",
     "describe_exit",
+    "lend_pages",
     "read_handoff",
+    "release_mapping",
     "shm_free_bytes",
     "spawn",
     "stop_processes",
@@ -154,14 +157,29 @@ def attach_segment(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+#: Mappings some of whose pages the caller may still read through batches lent to it
+#: (``collector/loans.py``), each with a test of whether a lent batch is alive.
+_LENT: weakref.WeakKeyDictionary[mmap.mmap, Callable[[], bool]] = weakref.WeakKeyDictionary()
+
+
+def lend_pages(mapping: mmap.mmap, alive: Callable[[], bool]) -> None:
+    """Say that batches viewing ``mapping`` are handed out while ``alive()`` is true:
+    :func:`release_mapping` then leaves its pages to be freed with the last view."""
+    _LENT[mapping] = alive
+
+
 def release_mapping(mapping: mmap.mmap) -> None:
     """Give a ring's memory back now, not at garbage collection: the pages go at once
     (``MADV_REMOVE``, which frees a shared segment's memory, unlinked or not), then the
     mapping itself unless numpy views of it are still held (they read zeros from here
-    on; every batch the collector yielded is a copy). Only once nothing steps or
-    serves any more: the transport's ``close`` after its workers stopped."""
+    on). Where a batch the caller may still hold views the ring (:func:`lend_pages`),
+    the pages stay, and go when the mapping does: with the last view of it. Only once
+    nothing steps or serves any more: the transport's ``close`` after its workers
+    stopped."""
+    alive = _LENT.pop(mapping, None)
     try:
-        mapping.madvise(mmap.MADV_REMOVE)
+        if alive is None or not alive():
+            mapping.madvise(mmap.MADV_REMOVE)
     except (AttributeError, OSError, ValueError):
         pass  # no MADV_REMOVE here, or pages page-locked by a GPU: freed when unmapped
     try:

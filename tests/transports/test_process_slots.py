@@ -104,6 +104,14 @@ def test_request_channel_needs_a_running_transport():
         transport.request_channel()
 
 
+def test_a_ring_of_more_slots_than_a_credit_can_name_is_refused():
+    layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=257)
+    transport = ProcessSlotTransport()
+    with pytest.raises(ValueError, match="at most 256 slots per worker"):
+        transport.start(layout, counting_programs(layout))
+    transport.close()
+
+
 def test_start_does_not_wait_for_workers_to_read_their_programs(tmp_path, monkeypatch):
     # Worker interpreters held at their start until `gate` exists, with programs larger
     # than a pipe holds: start() must return all the same. (Sent through a pipe, a

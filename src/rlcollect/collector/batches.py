@@ -6,6 +6,10 @@ slot goes back to its worker as soon as it is copied. Chunks of one worker arriv
 order and are consumed in order, and a chunk's rows are laid out step-major, so a batch
 boundary (or the end of ``total_frames``) cuts every env's stream at one point: no gap,
 no duplicate.
+
+Where a chunk is a whole batch and the plan lends (``loans.py``), no row is copied: the
+batch views the chunk's slot, which goes back to its worker once the caller lets go of
+the batch.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import torch
 
 from rlcollect.collector.builder import ChunkBuilder
+from rlcollect.collector.loans import RingLoans, ring_mapping
+from rlcollect.processes import lend_pages
 from rlcollect.transports.layout import Key, RingLayout
 
 __all__ = ["BatchBuilder"]
@@ -30,9 +37,24 @@ class BatchBuilder(ChunkBuilder):
         *,
         frames_per_batch: int,
         total_frames: int,
+        lend: bool = False,
     ) -> None:
         super().__init__(layout, ring)
         self._rows_per_chunk = layout.chunk_steps * layout.envs_per_worker
+        self._loans: RingLoans | None = None
+        if lend:
+            if self._rows_per_chunk != frames_per_batch:
+                raise ValueError(
+                    f"a chunk of {self._rows_per_chunk} rows is not a batch of "
+                    f"{frames_per_batch}: only whole batches are lent"
+                )
+            self._loans = RingLoans(layout.num_workers, layout.slots)
+            mapping = ring_mapping(ring)
+            if mapping is not None:
+                # The caller's batches outlive close(): the transport must not free the
+                # ring's pages under them (processes.release_mapping). The test holds
+                # weak references only, never the ring.
+                lend_pages(mapping, self._loans.alive)
         self._fpb = frames_per_batch
         self._remaining = total_frames  # rows still to assign to batches; -1: endless
         self._size = 0
@@ -44,12 +66,24 @@ class BatchBuilder(ChunkBuilder):
         """True once every row of ``total_frames`` has been assigned to a batch."""
         return self._size == 0
 
-    def add_chunk(self, worker: int, slot: int) -> None:
+    @property
+    def lent(self) -> int:
+        return 0 if self._loans is None else self._loans.count
+
+    def returned(self) -> list[tuple[int, int]]:
+        return [] if self._loans is None else self._loans.returned()
+
+    def add_chunk(self, worker: int, slot: int) -> bool:
+        if self._loans is not None and self._size and self._loans.can_lend(worker):
+            self._lend(worker, slot, self._loans)
+            return False
         rows = self._rows_per_chunk
         start = slot * self._steps
         taken = 0
         while taken < rows and self._size:
             n = min(rows - taken, self._size - self._filled)
+            if not self._arrays:
+                self._allocate(self._size)  # a batch's memory is taken at its first rows
             for field in self._fields:
                 src = self._ring[field.key][worker, start : start + self._steps]
                 src = src.reshape(rows, *field.shape)
@@ -61,6 +95,26 @@ class BatchBuilder(ChunkBuilder):
                 self._queue((self._size,))
                 self._new_batch()
         # Rows past total_frames (taken < rows here) are the end of every stream: dropped.
+        return True
+
+    def _lend(self, worker: int, slot: int, loans: RingLoans) -> None:
+        """The batch being built is the chunk ``slot`` of ``worker`` itself: its first
+        ``size`` rows (fewer than the chunk only at the end of ``total_frames``, where
+        the rest are the end of every stream, as in ``add_chunk``)."""
+        assert self._filled == 0  # a chunk is a whole batch: batches start with chunks
+        start = slot * self._steps
+        rows = self._rows_per_chunk
+        arrays = [
+            self._ring[f.key][worker, start : start + self._steps].reshape(rows, *f.shape)
+            for f in self._fields
+        ]
+        arrays = [a[: self._size] for a in arrays]  # new views: only the tensors hold them
+        loans.lend(worker, slot, arrays)
+        self._tensors = {
+            f.key: torch.from_numpy(a) for f, a in zip(self._fields, arrays, strict=True)
+        }
+        self._queue((self._size,))
+        self._new_batch()
 
     def _new_batch(self) -> None:
         size = self._fpb if self._remaining < 0 else min(self._fpb, self._remaining)
@@ -68,4 +122,4 @@ class BatchBuilder(ChunkBuilder):
             self._remaining -= size
         self._size = size
         self._filled = 0
-        self._allocate(size)
+        self._tensors, self._arrays = {}, {}  # taken at the batch's first copied rows

@@ -4,7 +4,8 @@ Two builders share it: ``batches.py`` (batches of exactly ``frames_per_batch`` r
 and ``rollouts.py`` (on-policy ``[num_envs, T]`` rounds). ``chunks.py`` drives either
 through this interface alone: a chunk in (:meth:`ChunkBuilder.add_chunk`), finished
 batches out (:attr:`ChunkBuilder.ready`, :meth:`ChunkBuilder.pop`) until the budget is
-spent (:attr:`ChunkBuilder.exhausted`).
+spent (:attr:`ChunkBuilder.exhausted`), and the slots lent to batches back
+(:meth:`ChunkBuilder.returned`).
 
 Each batch gets tensors of its own, allocated when the previous one is handed out: the
 caller keeps a batch as long as it likes, and the ring's rows are copied once, straight
@@ -56,8 +57,19 @@ class ChunkBuilder(abc.ABC):
         return self._ready.popleft()
 
     @abc.abstractmethod
-    def add_chunk(self, worker: int, slot: int) -> None:
-        """Copy chunk ``slot`` of ``worker`` out of the ring (the slot may be reused after)."""
+    def add_chunk(self, worker: int, slot: int) -> bool:
+        """Take chunk ``slot`` of ``worker`` into the batch being built: True if it was
+        copied out of the ring (the slot may be reused now), False if it was lent to the
+        batch (``loans.py``: :meth:`returned` says when it may be)."""
+
+    @property
+    def lent(self) -> int:
+        """Batches handed out as views of the ring so far."""
+        return 0
+
+    def returned(self) -> list[tuple[int, int]]:
+        """The ``(worker, slot)`` pairs lent to batches nothing can reach any more."""
+        return []
 
     def prefault(self) -> None:
         """Map every page of the batch being built now, before its rows arrive.

@@ -4,8 +4,10 @@
 
     transport ── wait_chunks() → [(worker, slot), ...] ──▶ (restarts: hold the latest
                                                             chunk of each worker back)
-                                                       ──▶ BatchBuilder.add_chunk (one copy)
+                                                       ──▶ BatchBuilder.add_chunk (one copy,
+                                                            or the slot lent: loans.py)
               ◀── release(worker, slot) ──────────────────  the slot is the worker's again
+              ◀── release(worker, slot) ◀── builder.returned(): lent, now let go of
     batch ready ──▶ train_ratio throttle ──▶ quiet point ──▶ replay_buffer.extend ──▶ caller
 
 It runs in the caller's thread while iterating, or in the background thread after
@@ -118,6 +120,7 @@ class ChunkLoop:
                 end.buffers,
                 frames_per_batch=plan.frames_per_batch,
                 total_frames=plan.total_frames,
+                lend=plan.lend,
             )
         throttle = None if plan.throttle is None else Throttle(*plan.throttle, plan.learning_starts)
         stalls = None
@@ -127,6 +130,11 @@ class ChunkLoop:
         return cls(
             end, builder, restarts, server, background, throttle, plan.replay_buffer, gate, stalls
         )
+
+    @property
+    def ring_batches(self) -> int:
+        """Batches handed out as views of their ring slot (``loans.py``)."""
+        return self._builder.lent
 
     @property
     def batch_memory_reuses(self) -> int:
@@ -167,6 +175,7 @@ class ChunkLoop:
         if self.exhausted:
             return None
         t0 = time.perf_counter()
+        self._give_back_returned()
         if gate is not None:
             quiet_point()
             quiet_point = self._background.check_stopping  # inside the round
@@ -176,6 +185,7 @@ class ChunkLoop:
             builder.prefault()
         while not builder.ready:
             quiet_point()
+            self._give_back_returned()
             if self._stalls is not None:
                 self._stalls.look()
             try:
@@ -202,16 +212,23 @@ class ChunkLoop:
                     if held is None:
                         continue
                     slot = held
-                builder.add_chunk(worker, slot)
+                copied = builder.add_chunk(worker, slot)
                 if gate is not None:
                     gate.hold(worker, slot)  # given back when the next batch is asked for
-                else:
+                elif copied:
                     end.release(worker, slot)
             self._check_server()
         if gate is not None:
             gate.close()
         self.wait_seconds += time.perf_counter() - t0
         return builder.pop()
+
+    def _give_back_returned(self) -> None:
+        """Release the slots of lent batches the caller has let go of. Called before
+        every wait: a worker that wants one of them hands a chunk over first, and that
+        ends the wait."""
+        for worker, slot in self._builder.returned():
+            self._end.release(worker, slot)
 
     def _in_round(self) -> None:
         self._background.check_stopping()

@@ -410,6 +410,7 @@ class AsyncBatchedCollector(CollectorFacade):
             **self._throughput(frames),
             "consumer_wait_seconds": self._chunks.wait_seconds,
             "batch_memory_reuses": self._chunks.batch_memory_reuses,
+            "ring_batches": self._chunks.ring_batches,
             "policy_version": self.policy_version,
             "episodes": self._chunks.episodes.stats(),
         }

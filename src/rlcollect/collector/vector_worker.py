@@ -79,27 +79,36 @@ _Result = tuple[np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, dict[str, A
 
 
 class _Rows:
-    """Hands out the chunk's rows in order; hands a full slot over, takes the next."""
+    """Hands out the chunk's rows in order; hands a full slot over, takes the next: the
+    one the transport gives back, where it names it (a slot lent to the caller as a
+    batch comes back whenever the caller lets go of it: ``collector/loans.py``), else
+    the next in turn."""
 
     def __init__(self, end: WorkerEnd, rows_per_slot: int, slots: int) -> None:
         self._end = end
         self._per_slot = rows_per_slot
-        self._total = rows_per_slot * slots
-        self._next = 0
+        self._slots = slots
+        self._slot = 0
+        self._filled = 0  # rows of the slot written
+
+    def begin(self) -> None:
+        """Wait for the first slot to write."""
+        given = self._end.wait_slot()
+        self._slot = 0 if given is None else given
 
     def take(self, wanted: int) -> tuple[int, int]:
         """Start and length of the next run of free rows (at most ``wanted``)."""
-        end_of_slot = (self._next // self._per_slot + 1) * self._per_slot
-        return self._next, min(wanted, end_of_slot - self._next)
+        start = self._slot * self._per_slot + self._filled
+        return start, min(wanted, self._per_slot - self._filled)
 
     def written(self, count: int) -> None:
         """``count`` rows from the start :meth:`take` gave are written."""
-        self._next += count
-        if self._next % self._per_slot == 0:
-            self._end.hand_over(self._next // self._per_slot - 1)
-            if self._next == self._total:
-                self._next = 0
-            self._end.wait_slot()
+        self._filled += count
+        if self._filled == self._per_slot:
+            self._end.hand_over(self._slot)
+            self._filled = 0
+            given = self._end.wait_slot()
+            self._slot = (self._slot + 1) % self._slots if given is None else given
 
 
 class _VectorEnvDriver:
@@ -273,7 +282,7 @@ class _VectorLoop:
         self.held: list[int] = []
 
     def run(self) -> None:
-        self.end.wait_slot()
+        self.rows.begin()
         if self.on_policy:
             self.end.wait_slot()  # the first round's go-ahead
         for g, driver in enumerate(self.drivers):

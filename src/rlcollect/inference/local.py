@@ -176,8 +176,8 @@ class LocalEnd(WorkerEnd):
     def hand_over(self, slot: int) -> None:
         self._end.hand_over(slot)
 
-    def wait_slot(self) -> None:
-        self._end.wait_slot()
+    def wait_slot(self) -> int | None:
+        return self._end.wait_slot()
 
     def report(self, failure: WorkerFailure) -> None:
         self._end.report(failure)

@@ -13,7 +13,7 @@ from rlcollect.errors import ChannelClosed, WorkerError
 from rlcollect.testing._responder import _DEADLINE, _Chunk, _chunk_rows, _collect, _Responder
 from rlcollect.testing.envs import ENV_ID, EPISODE, LAST_ACTION, STEP, counting_actions
 from rlcollect.testing.programs import _ACTIONS, counting_layout, counting_programs
-from rlcollect.transports.base import Transport
+from rlcollect.transports.base import Transport, WorkerEnd
 from rlcollect.transports.layout import RingLayout
 
 
@@ -218,3 +218,45 @@ def _check_restart(make_transport: Callable[[], Transport]) -> None:
     finally:
         transport.close()
         responder.stop()
+
+
+def _echo_slots(end: WorkerEnd) -> None:
+    """A worker program that hands over each slot it is given, untouched."""
+    while True:
+        slot = end.wait_slot()
+        end.hand_over(-1 if slot is None else slot)
+
+
+def _check_named_slots(make_transport: Callable[[], Transport]) -> None:
+    """``wait_slot`` returns the slots ``release`` gave back, in the order it gave them,
+    after every slot once from 0 up. (Transports without ``names_slots`` pass
+    trivially.)"""
+    if not make_transport().names_slots:
+        return
+    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=3)
+    transport = make_transport()
+    end = transport.start(layout, [_echo_slots] * layout.num_workers)
+
+    def handed(want: int) -> list[tuple[int, int]]:
+        got: list[tuple[int, int]] = []
+        deadline = time.monotonic() + _DEADLINE
+        while len(got) < want:
+            assert time.monotonic() < deadline, f"{len(got)} of {want} slots came back: {got}"
+            got += end.wait_chunks(0.1)
+        return got
+
+    try:
+        first = handed(6)
+        for w in range(layout.num_workers):
+            mine = [s for v, s in first if v == w]
+            assert mine == [0, 1, 2], f"worker {w} was given slots {mine} at first, not 0, 1, 2"
+        order = {0: [2, 0, 1], 1: [1, 2, 0]}  # out of the order they were handed over
+        for w, slots in order.items():
+            for s in slots:
+                end.release(w, s)
+        then = handed(6)
+        for w, slots in order.items():
+            mine = [s for v, s in then if v == w]
+            assert mine == slots, f"worker {w} was given slots {mine} after {slots} were released"
+    finally:
+        transport.close()

@@ -15,6 +15,7 @@ from rlcollect.testing._checks import (
     _check_backpressure,
     _check_close_unblocks_workers,
     _check_double_buffered_round_trip,
+    _check_named_slots,
     _check_restart,
     _check_round_trip,
     _check_staged_round_trip,
@@ -33,6 +34,7 @@ CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
     "abort": _check_abort,
     "close_unblocks_workers": _check_close_unblocks_workers,
     "restart": _check_restart,
+    "named_slots": _check_named_slots,
 }
 """The conformance checks by name, in the order :func:`check_transport` runs them; run
 one alone as ``CHECKS[name](make_transport)`` (each raises ``AssertionError`` saying
@@ -57,6 +59,9 @@ what went wrong). What each one checks:
 * ``restart``: (transports with ``supports_restart`` only) every chunk a failing
   worker handed over comes before its failure; after ``restart_worker`` the new worker
   starts with every slot free and takes only the answers to its own requests.
+* ``named_slots``: (transports with ``names_slots`` only) ``wait_slot`` returns every
+  slot once from 0 up, then the slots ``release`` gives back, in the order it gives
+  them, however that differs from the order they were handed over.
 """
 
 

@@ -35,9 +35,10 @@ closes or dies, and :meth:`ServerEnd.wait_chunks` raises
 
 Optional capabilities, each a class attribute of :class:`Transport`: restarting a failed
 worker (``supports_restart``; the protocol is in ``transports/generations.py``), running
-workers in other processes (``pickles_programs``), and handing the request side to an
+workers in other processes (``pickles_programs``), handing the request side to an
 inference server in another process (``supports_request_channel``,
-:class:`RequestChannel`).
+:class:`RequestChannel`), and credits that name the slot they give back
+(``names_slots``: ``wait_slot`` returns it, so slots may come back in any order).
 """
 
 from __future__ import annotations
@@ -139,8 +140,13 @@ class WorkerEnd(ABC):
         """Give chunk ``slot`` (positions ``slot*chunk_steps …``) to the driver."""
 
     @abstractmethod
-    def wait_slot(self) -> None:
+    def wait_slot(self) -> int | None:
         """Block until one more slot is free to write (the ring starts with all free).
+
+        Returns the slot, where the transport names it (``Transport.names_slots``): the
+        slots ``release`` gave back, in the order it gave them (at first every slot, from
+        0 up). Otherwise None: the worker then writes its slots in turn, which is right
+        as long as the driver releases them in the order they were handed over.
 
         Raises ChannelClosed.
         """
@@ -358,6 +364,10 @@ class Transport(ABC):
     #: Whether :meth:`request_channel` is implemented (``inference_backend="process"``
     #: needs it).
     supports_request_channel: ClassVar[bool] = False
+    #: Whether :meth:`WorkerEnd.wait_slot` returns the slot given back: the collector
+    #: then hands some batches out as views of their ring slot, which come back in the
+    #: order the caller lets go of them (``collector/loans.py``).
+    names_slots: ClassVar[bool] = False
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Replace failed worker ``worker`` by a new one running ``program``.

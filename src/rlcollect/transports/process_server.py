@@ -150,7 +150,7 @@ class ProcessServerEnd(ServerEnd):
     def release(self, worker: int, slot: int) -> None:
         with self._lock:
             if not self._aborted:
-                _write_driver(self._credits_w[worker])
+                _write_driver(self._credits_w[worker], bytes((slot,)))
 
     def _collect_failure(self, worker: int, fd: int) -> WorkerError:
         """Read worker's report until end-of-file (it exits right after writing it)."""

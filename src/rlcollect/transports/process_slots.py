@@ -42,9 +42,11 @@ The ring protocol (who writes what, in what order, why it is safe):
   whole transitions, their observation and outputs copied from each env's other
   staging cell, which no outstanding request names, while the server may be serving
   the new one) into a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not
-  touch the slot again until it has read a byte from ``credits[i]``, which the driver
-  writes after it has copied the slot out. ``credits[i]`` starts with one byte per
-  slot.
+  touch the slot again until it has read a byte from ``credits[i]`` naming it, which
+  the driver writes after it has copied the slot out (or, for a batch lent to the
+  caller, once the caller let go of it: ``collector/loans.py``). ``credits[i]`` starts
+  with one byte per slot, 0 up; a worker that writes its slots in turn may ignore the
+  byte, since the driver then gives them back in the order they came.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits,
   unlinking the segment in case the driver died without doing so (its envs closed and
@@ -164,8 +166,8 @@ class _ProcessWorker(WorkerEnd):
     def hand_over(self, slot: int) -> None:
         _write(self._h.chunks_w, _MESSAGE.pack(self.index, slot))
 
-    def wait_slot(self) -> None:
-        _read_token(self._h.credits_r)
+    def wait_slot(self) -> int:
+        return _read_token(self._h.credits_r)[0]  # the byte is the slot given back
 
     def report(self, failure: WorkerFailure) -> None:
         try:
@@ -300,6 +302,7 @@ class ProcessSlotTransport(Transport):
     supports_restart = True
     pickles_programs = True
     supports_request_channel = True
+    names_slots = True
 
     @property
     def pids(self) -> list[int]:
@@ -339,6 +342,11 @@ class ProcessSlotTransport(Transport):
             raise CollectorError("a ProcessSlotTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
+        if layout.slots > 256:
+            raise ValueError(
+                f"a ProcessSlotTransport ring holds at most 256 slots per worker (each "
+                f"credit is one byte naming its slot), got {layout.slots}"
+            )
         self._started = True
         payloads = []
         for i, program in enumerate(programs):
@@ -372,7 +380,7 @@ class ProcessSlotTransport(Transport):
             child_fds = [requests_w, chunks_w]
             for responses, credits, reports in pipes:
                 child_fds += [responses[0], credits[0], reports[1]]
-                os.write(credits[1], b"\x01" * layout.slots)  # the ring starts all free
+                os.write(credits[1], bytes(range(layout.slots)))  # the ring starts all free
             self._server = ProcessServerEnd(
                 layout,
                 ring,
@@ -451,7 +459,7 @@ class ProcessSlotTransport(Transport):
         stop_processes([self._procs[worker]], timeout=_STOP_WAIT)
         credits_r, credits_w = os.pipe()
         reports_r, reports_w = os.pipe()
-        os.write(credits_w, b"\x01" * layout.slots)  # every slot is free again
+        os.write(credits_w, bytes(range(layout.slots)))  # every slot is free again
         try:
             server.replace_worker(worker, credits_w, reports_r)
             self._generations[worker] += 1

@@ -5,7 +5,7 @@
     worker thread i ──(i, position)──▶ requests ──▶ inference thread
     worker thread i ◀──── token ─────  responses[i] ◀─┘
     worker thread i ──(i, slot)─────▶ chunks ──▶ consuming thread
-    worker thread i ◀──── token ─────  credits[i] ◀──┘
+    worker thread i ◀──(slot, 0)─────  credits[i] ◀──┘   (the slot given back)
 
 The ring is an ordinary numpy array. Use it to debug (everything is in one process,
 so a debugger and ``print`` see the workers), and for environments whose step releases
@@ -60,8 +60,8 @@ class _Server(ServerEnd):
         for _ in range(layout.num_workers):
             self.responses.append(queue.SimpleQueue())
             credits: queue.SimpleQueue[_Token] = queue.SimpleQueue()
-            for _ in range(layout.slots):
-                credits.put((0, 0))
+            for slot in range(layout.slots):
+                credits.put((slot, 0))
             self.credits.append(credits)
         self.failures: list[WorkerFailure] = []  # reached by the consumer: raised
         self.reported: dict[int, WorkerFailure] = {}  # reported, marker not yet reached
@@ -100,7 +100,7 @@ class _Server(ServerEnd):
             raise WorkerError.from_failure(self.failures[0])
 
     def release(self, worker: int, slot: int) -> None:
-        self.credits[worker].put((0, 0))
+        self.credits[worker].put((slot, 0))
 
     def abort(self) -> None:
         self.aborted = True
@@ -145,8 +145,8 @@ class _Worker(WorkerEnd):
     def hand_over(self, slot: int) -> None:
         self._server.chunks.put((self.index, slot))
 
-    def wait_slot(self) -> None:
-        _take(self._server.credits[self.index])
+    def wait_slot(self) -> int:
+        return _take(self._server.credits[self.index])[0]
 
     def report(self, failure: WorkerFailure) -> None:
         self._server.reported[self.index] = failure
@@ -202,6 +202,7 @@ class ThreadQueueTransport(Transport):
     """
 
     supports_restart = True
+    names_slots = True
 
     def __init__(self) -> None:
         self._server: _Server | None = None
@@ -264,8 +265,8 @@ class ThreadQueueTransport(Transport):
             )
         # Only the consuming thread (this one) releases slots, so swapping the queue is safe.
         credits: queue.SimpleQueue[_Token] = queue.SimpleQueue()
-        for _ in range(server.slots):
-            credits.put((0, 0))
+        for slot in range(server.slots):
+            credits.put((slot, 0))
         server.credits[worker] = credits
         if server.aborted:
             credits.put(None)

@@ -1,0 +1,151 @@
+"""Ring batches (collector/loans.py): a chunk that is a whole batch goes out as a view of
+its ring slot, and the slot goes back to its worker once the caller lets go of it.
+
+One vector env per worker whose chunk is ``frames_per_batch`` rows (the default chunk
+size gives that); CountingEnvs tell each row's env, episode and step, so a slot written
+while a caller still held it shows as a changed batch or a broken stream.
+"""
+
+import functools
+import gc
+
+import numpy as np
+import pytest
+import torch
+from envs import counting_vector
+from helpers import CountingPolicy, check_counting_streams
+
+from rlcollect import AsyncBatchedCollector
+from rlcollect.collector.loans import RingLoans
+from rlcollect.testing import CountingVectorEnv
+from rlcollect.transports import ThreadQueueTransport
+
+FPB = 64  # 4 sub-envs x 16 steps: one chunk ("auto": frames_per_batch // num_envs steps)
+
+
+def collector(transport, factory="sync", **kwargs):
+    if factory == "sync":
+        fns = [functools.partial(counting_vector, 0, 4, "NextStep")]
+    else:  # results for arbitrary subsets of the sub-envs, two at a time
+        fns = [functools.partial(CountingVectorEnv, 0, 4, 2, order_seed=3)]
+    kwargs.setdefault("total_frames", 30 * FPB)
+    return AsyncBatchedCollector(
+        fns, CountingPolicy(), frames_per_batch=FPB, policy_device="cpu", transport=transport,
+        **kwargs,
+    )  # fmt: skip
+
+
+def copies(batches):
+    return [b.clone() for b in batches]
+
+
+# ------------------------------------------------------------------------- RingLoans
+
+
+def test_a_slot_comes_back_only_once_every_view_of_it_is_gone():
+    loans = RingLoans(num_workers=2, slots=4)
+    a, b = np.zeros(4), np.zeros(4)
+    tensor = torch.from_numpy(a)
+    view = tensor[1:]
+    loans.lend(1, 3, [a, b])
+    del a, b
+    assert loans.returned() == [] and loans.alive()  # the tensor holds a
+    del tensor
+    assert loans.returned() == []  # its view still does
+    del view
+    gc.collect()
+    assert loans.returned() == [(1, 3)]
+    assert not loans.alive()
+    assert loans.returned() == []  # given back once
+
+
+def test_at_most_slots_minus_two_of_a_worker_are_lent():
+    loans = RingLoans(num_workers=2, slots=4)
+    held = [np.zeros(1) for _ in range(3)]
+    loans.lend(0, 0, [held[0]])
+    loans.lend(0, 1, [held[1]])
+    assert not loans.can_lend(0)  # the worker keeps one slot to write and one to go on
+    assert loans.can_lend(1)
+    del held[0]
+    assert loans.returned() == [(0, 0)]
+    assert loans.can_lend(0)
+    with pytest.raises(ValueError, match="at least 3 slots"):
+        RingLoans(num_workers=1, slots=2)
+
+
+# ---------------------------------------------------------------- through the collector
+
+
+@pytest.mark.parametrize("factory", ["sync", "async"])
+def test_batches_dropped_as_a_loop_drops_them_are_all_lent(transport, factory):
+    kept = []
+    with collector(transport, factory) as c:
+        for b in c:
+            kept.append(b.clone())  # a copy: the batch itself is dropped next round
+        stats = c.stats()
+    assert stats["batches"] == 30
+    assert stats["ring_batches"] == 30  # the loop holds two at most: every one was lent
+    check_counting_streams(torch.cat(kept))
+
+
+def test_kept_batches_stay_intact_and_later_ones_are_copied(transport):
+    """A caller that keeps every batch: the first two are lent, the rest copied (the
+    worker must not wait for the caller), and none changes, during or after the run."""
+    with collector(transport) as c:
+        kept = list(c)
+        early = copies(kept)
+        stats = c.stats()
+    assert stats["ring_batches"] == 2
+    assert stats["batches"] == 30
+    for batch, copy in zip(kept, early, strict=True):
+        assert (batch == copy).all()
+    check_counting_streams(torch.cat(kept))
+
+
+def test_a_batch_held_for_good_leaves_the_others_lent_in_any_order(transport):
+    """Batch 0 is kept to the end, the rest dropped as they come: their slots come back
+    out of the order they were handed over, and the worker writes the free ones. (With
+    batch 0 and the loop's last batch held, the next one is a copy: about every other
+    batch is lent.)"""
+    with collector(transport, total_frames=40 * FPB) as c:
+        batches = iter(c)
+        first = next(batches)
+        first_copy = first.clone()
+        rest = [b.clone() for b in batches]
+        stats = c.stats()
+    # more than the two slots a worker may lend at once, one of them held all along
+    assert stats["ring_batches"] >= 3
+    assert (first == first_copy).all()
+    check_counting_streams(torch.cat([first_copy, *rest]))
+
+
+def test_a_lent_batch_survives_close(transport):
+    """The transport frees the ring's pages at close, except under a batch the caller
+    still holds: it reads what it was given until dropped."""
+    with collector(transport) as c:
+        batch = next(iter(c))
+        copy = batch.clone()
+        assert c.stats()["ring_batches"] == 1
+    assert (batch == copy).all()
+    assert batch["observation"].sum() > 0
+
+
+def test_no_lending_where_a_chunk_is_not_a_batch(transport):
+    with collector(transport, transition_chunk_size=32) as c:
+        data = torch.cat(list(c))
+        assert c.stats()["ring_batches"] == 0
+    check_counting_streams(data)
+
+
+class UnnamedSlots(ThreadQueueTransport):
+    """A transport that does not say its credits name their slot."""
+
+    names_slots = False
+
+
+def test_no_lending_where_credits_do_not_name_slots():
+    with collector(UnnamedSlots()) as c:
+        data = torch.cat(list(c))
+        assert c.stats()["ring_batches"] == 0
+        assert c.transport.names_slots is False
+    check_counting_streams(data)
