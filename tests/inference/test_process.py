@@ -218,3 +218,49 @@ def test_driver_killed_with_sigkill_leaves_nothing_behind():
     finally:
         driver.kill()
         driver.wait(10)
+
+
+ABANDONED = """
+import os, sys, threading
+from rlcollect.inference.process import _exit_if_abandoned
+read, write = os.pipe()
+ready = threading.Event()
+if sys.argv[1] == "ready":
+    ready.set()  # as after the policy is built: a message wakes the thread, which ends
+watcher = threading.Thread(target=_exit_if_abandoned, args=(read, ready, sys.argv[2]))
+watcher.start()
+os.write(write, b"x") if sys.argv[1] == "ready" else os.close(write)
+watcher.join(60)
+print("still running", flush=True)  # only where the watcher let the process go on
+"""
+
+
+@pytest.mark.parametrize("when", ["building", "ready"])
+def test_an_inference_process_exits_once_abandoned_while_it_builds_its_policy(tmp_path, when):
+    """The driver stopping (Ctrl-C) while the policy is still being built closes the
+    control pipe: the inference process exits at once and unlinks its weights segment,
+    instead of being killed after the driver's grace period. Once ready, a message on
+    the pipe leaves it running."""
+    import subprocess
+    import sys
+
+    from rlcollect.processes import create_segment, unlink_segment
+
+    name, segment = create_segment(f"rlcollect-test-abandoned-{when}-", 64)
+    segment.close()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ABANDONED, when, name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        if when == "building":
+            assert "still running" not in done.stdout
+            assert not shm_exists(name)
+        else:
+            assert "still running" in done.stdout
+            assert shm_exists(name)
+    finally:
+        unlink_segment(name)

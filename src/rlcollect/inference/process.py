@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -341,8 +342,11 @@ class ProcessInference(InferenceBackend):
     def stop(self) -> None:
         if self._stopped:
             return
-        if self._error is None and self._control is not None:
-            try:  # keep the final figures readable after shutdown, as the thread backend's
+        if self._error is None and self._control is not None and "ready" in self._replies:
+            # Keep the final figures readable after shutdown, as the thread backend's. Not
+            # before "ready": a process still building its policy reads no request, and
+            # asking would hold a Ctrl-C during start-up for _REPLY_WAIT seconds.
+            try:
                 self.stats()
             except InferenceError:
                 pass
@@ -433,6 +437,13 @@ def _inference_main() -> None:
     control = Connection(header.control_fd)
     cfg = header.config
     server = None
+    ready = threading.Event()
+    threading.Thread(
+        target=_exit_if_abandoned,
+        args=(header.control_fd, ready, header.weights_shm),
+        name="rlcollect-abandoned",
+        daemon=True,
+    ).start()
     try:
         loaded = cloudpickle.loads(payload)
         policy: torch.nn.Module = loaded() if header.policy_is_factory else loaded
@@ -443,6 +454,7 @@ def _inference_main() -> None:
         server = build_server(policy, cfg, header.channel.open())
         weights = attach_segment(header.weights_shm, 2 * cfg.weights.slot_bytes)
         server.start()
+        ready.set()
         status.send(("ready",))
         _serve_control(control, status, server, weights, cfg.weights)
     except BaseException as exc:
@@ -453,6 +465,22 @@ def _inference_main() -> None:
         # The driver unlinks the segment too; this covers a driver killed outright.
         unlink_segment(header.weights_shm)
         os._exit(0)  # CUDA and daemon threads need no orderly interpreter teardown
+
+
+def _exit_if_abandoned(control_fd: int, ready: threading.Event, weights_shm: str) -> None:
+    """Exit at once if the control pipe turns readable before ``ready`` is set.
+
+    The driver sends nothing until it has read ``("ready",)`` (set just before it is
+    sent), so a readable pipe before then is end-of-file: the driver stopped waiting for
+    us (Ctrl-C, a failure of its own) or died. Building a policy can take long, and
+    without this the driver would wait ``_STOP_WAIT`` s and then kill us. After
+    ``ready``, the first message wakes this thread and it ends; the control loop reads
+    that message.
+    """
+    select.select([control_fd], [], [])  # bounded: end-of-file at the latest
+    if not ready.is_set():
+        unlink_segment(weights_shm)
+        os._exit(0)
 
 
 def _serve_control(
