@@ -39,6 +39,11 @@ SNIPPET = re.compile(r'^--8<-- "(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"$')
 # expected until then. Remove a page from here once its blocks pass.
 PENDING: dict[str, str] = {}
 
+# Pages whose code a test of tests/test_examples.py runs with a smaller budget (the
+# home page's loop trains for 100,000 frames to show learning): here only that test's
+# presence is checked, so the page's code does not run twice.
+RUN_BY_TEST = {"docs/index.md": "test_training_loop_of_the_docs_home_page"}
+
 # Runs in the page's process: argv[1] is a JSON list of [path, first line, code, needs
 # CUDA]. Each block is compiled against its page's real line numbers, so a traceback
 # shows the page's line.
@@ -94,6 +99,12 @@ PAGES_WITH_CODE = [page for page in PAGES if python_blocks(page)]
     ],
 )
 def test_page_code_runs(page):
+    if page in RUN_BY_TEST:
+        tested = (ROOT / "tests" / "test_examples.py").read_text()
+        assert f"def {RUN_BY_TEST[page]}(" in tested, f"{page}: no test runs its code"
+        body = tested.split(f"def {RUN_BY_TEST[page]}(", 1)[1].split("\ndef ", 1)[0]
+        assert Path(page).name in body, f"{page}: {RUN_BY_TEST[page]} does not read it"
+        return
     to_run, checked = [], False
     for line, code in python_blocks(page):
         first = code.lstrip().split("\n", 1)[0].strip()

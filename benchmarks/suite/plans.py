@@ -372,6 +372,14 @@ def throughput(m: Machine) -> Series:
     # workers have a group's step time of slack to wait in.
     for rows in (most // 4, most // 2):
         add(f"{both}, min_batch_size={rows}", most, "auto", "auto", min_batch=rows)
+    if m.quick:  # each kind of argument once: the smoke test's budget
+        kept = (
+            env_only,
+            f"rlcollect[{m.num_envs} envs, defaults]",
+            f"rlcollect[{n} envs, {tuned}, {process}]",
+            f"rlcollect[{most} envs, {both}, min_batch_size={most // 2}]",
+        )
+        runs = {name: runs[name] for name in kept}
     ratios = tuple((name, env_only) for name in runs if name != env_only)
     return Series(
         "throughput",
@@ -434,13 +442,17 @@ def vector_throughput(m: Machine) -> Series:
         more = [1, n, n // 2, each * v]
         runs[f"env_only[{name(more)}]"] = config("vector_env_only", more)
     runs[hand] = config("atari_vector", one)
-    collectors = [("thread", one), ("process_slots", one)]
-    collectors += [("process_slots", many_half), ("process_slots", many_whole)]
-    if m.quick:
+    # (transport, layout, inference_backend): "worker" runs the policy in the vector
+    # env's own worker, as the hand loop does, with no server and no hop between them.
+    collectors = [("thread", one, "thread"), ("process_slots", one, "thread")]
+    collectors += [("process_slots", one, "worker")]
+    collectors += [("process_slots", many_half, "thread"), ("process_slots", many_whole, "thread")]
+    if m.quick:  # each kind of run once: the smoke test's budget
         collectors = collectors[1:3]
-    for transport, layout in collectors:
-        runs[f"rlcollect[{transport}, {name(layout)}]"] = config(
-            "vector_rlcollect", layout, transport=transport
+    for transport, layout, backend in collectors:
+        how = f"{transport}, " + ('inference_backend="worker", ' if backend == "worker" else "")
+        runs[f"rlcollect[{how}{name(layout)}]"] = config(
+            "vector_rlcollect", layout, transport=transport, backend=backend
         )
     mine = [r for r in runs if r.startswith("rlcollect")]
     # against the env alone with a thread per core, the hand loop, and (where it ran) the
