@@ -92,6 +92,7 @@ def run_rlcollect(config: dict[str, Any]) -> dict[str, Any]:
             frames_per_batch=config["frames_per_batch"],
             total_frames=-1,
             transport=config["transport"],
+            inference_backend=config.get("backend", "thread"),
             policy_device=config["device"],
             cuda_graph=config["graph"],
             seed=0,

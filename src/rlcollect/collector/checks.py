@@ -362,13 +362,12 @@ def check_picklable(env_fns: list[Callable[[], Any]]) -> None:
 def check_worker_inference(
     device: torch.device, max_batch_size: int | None, min_batch_size: int
 ) -> None:
-    """``inference_backend="worker"``: each worker runs the policy on its own CPU, on its
-    own requests; there is no server to batch them."""
-    if device.type != "cpu":
+    """``inference_backend="worker"``: each worker runs the policy on its own requests,
+    on its CPU or a CUDA device; there is no server to batch them."""
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"inference_backend='worker' runs the policy inside each env worker, on its CPU; "
-            f"policy_device={str(device)!r} is not the CPU (leave it unset, or use the "
-            "'thread' or 'process' backend for a GPU)"
+            "inference_backend='worker' runs the policy inside each env worker, on its CPU "
+            f"or a CUDA device; policy_device={str(device)!r} is neither"
         )
     if max_batch_size is not None or min_batch_size != 1:
         raise ValueError(

@@ -207,12 +207,16 @@ def plan_collection(
 
     if inference_backend == "worker":
         checks.check_worker_inference(device, max_batch_size, min_batch_size)
+        if not transport_obj.pickles_programs and (compile_options is not None or cuda_graph):
+            # Each worker compiles or captures its own step as it starts; threads of one
+            # process would do so at the same time, and a CUDA graph capture in one
+            # thread fails another thread's GPU work (seen on the H200).
+            raise ValueError(
+                "inference_backend='worker' with compile or cuda_graph needs worker "
+                "processes (transport='process_slots'): worker threads of one process "
+                "would compile and capture the policy at the same time"
+            )
     source, info_fields = probe_env(env_fns[0], names, stall_timeout)
-    if inference_backend == "worker" and source.vector:
-        raise ValueError(
-            "inference_backend='worker' steps envs one by one; env_fns build vector envs, "
-            "which batch their own sub-envs: use inference_backend='thread' or 'process'"
-        )
     if max_worker_restarts and source.vector:
         raise ValueError(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "

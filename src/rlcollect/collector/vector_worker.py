@@ -20,6 +20,13 @@ results of another). One round visits the vector envs in order::
              returned observation as ``next.observation``, reward and flags are
              written together into the next free rows of the chunk
 
+Where the worker answers its own requests (``inference_backend="worker"``: the end's
+``answers_in_request``), the actions exist as soon as the request is made: a vector env
+driven asynchronously with ``NextStep`` autoreset (and no ``info_keys``) is sent them
+right there, before ``finish``, so its threads step those sub-envs while the worker
+writes the transitions. ``finish`` then reads the next observations from the cells just
+staged, not from the result's arrays, which the env may reuse once it steps again.
+
 Why staging: a result names an arbitrary subset of sub-envs, so the columns of a
 request do not line up with per-env chunk columns (see ``transports/layout.py``). The
 server reads each observation from, and writes each action into, a cell of that env's
@@ -143,16 +150,39 @@ class _VectorEnvDriver:
         return self._ids(info, rows), obs, np.zeros(rows, np.float32), zeros, zeros, info
 
     def act(self, actions: np.ndarray) -> _Result:
+        if self.asynchronous:
+            self.send(actions)
+            return self.recv()
         try:
             self.progress.enter(Stage.STEP, self.first)
-            if self.asynchronous:
-                self.env.send(actions)
-                obs, reward, term, trunc, info = self.env.recv()
-            else:
-                obs, reward, term, trunc, info = self.env.step(actions)
+            obs, reward, term, trunc, info = self.env.step(actions)
             self.progress.leave()
         except Exception as exc:
             raise self._fail("step") from exc
+        return self._result(obs, reward, term, trunc, info)
+
+    def send(self, actions: np.ndarray) -> None:
+        """Driven asynchronously: hand the sub-envs of the last result their actions."""
+        try:
+            self.progress.enter(Stage.STEP, self.first)
+            self.env.send(actions)
+            self.progress.leave()
+        except Exception as exc:
+            raise self._fail("step") from exc
+
+    def recv(self) -> _Result:
+        """Driven asynchronously: the next ``batch_size`` sub-envs to finish their step."""
+        try:
+            self.progress.enter(Stage.STEP, self.first)
+            obs, reward, term, trunc, info = self.env.recv()
+            self.progress.leave()
+        except Exception as exc:
+            raise self._fail("step") from exc
+        return self._result(obs, reward, term, trunc, info)
+
+    def _result(
+        self, obs: Any, reward: Any, term: Any, trunc: Any, info: dict[str, Any]
+    ) -> _Result:
         rows = len(reward)
         return (
             self._ids(info, rows),
@@ -280,6 +310,11 @@ class _VectorLoop:
         self.round_steps = spec.chunk_steps
         self.stepped = [0] * len(self.drivers)
         self.held: list[int] = []
+        # The worker's own policy answers a request as it is made: an asynchronous
+        # vector env then gets its actions before the finished transitions are written,
+        # which it steps meanwhile (as a hand-written send/recv loop would).
+        self.send_early = end.answers_in_request and not spec.info_keys
+        self.sent = [False] * len(self.drivers)  # actions already sent; only recv is due
 
     def run(self) -> None:
         self.rows.begin()
@@ -290,11 +325,20 @@ class _VectorLoop:
             self.receive(g, driver.reset())
         while True:
             for g, driver in enumerate(self.drivers):
+                if self.sent[g]:
+                    self.sent[g] = False
+                    self.receive(g, driver.recv())
+                    continue
                 self.end.wait_response()
-                cells = self.request_index[g]
-                actions = self.staged[("action",)][cells]  # a copy, in the result's order
-                self.in_flight[cells % self.k] = True
-                self.receive(g, driver.act(actions))
+                self.receive(g, driver.act(self._actions(g)))
+
+    def _actions(self, g: int) -> np.ndarray:
+        """Vector env ``g``'s answered request: its actions, in its last result's order;
+        its sub-envs are under way from here."""
+        cells = self.request_index[g]
+        self.in_flight[cells % self.k] = True
+        actions: np.ndarray = self.staged[("action",)][cells]  # a copy
+        return actions
 
     def receive(self, g: int, result: _Result) -> None:
         driver = self.drivers[g]
@@ -330,6 +374,7 @@ class _VectorLoop:
         if self.is_init is not None:
             self.is_init[new_cells] = self._starts(driver, cols, done)
         self.request_index[g] = new_cells
+        next_rows = finishing  # where each finishing env's next observation is in leaves
         round_ends = False
         if self.on_policy and finishing.size:
             self.stepped[g] += 1
@@ -339,9 +384,27 @@ class _VectorLoop:
             self.held.append(g)  # the next round's request waits for the go-ahead
         else:
             self.end.request(g)
+            if self.send_early and driver.asynchronous and driver.mode is AutoresetMode.NEXT_STEP:
+                # From the send on, the env's threads step the sub-envs and may reuse the
+                # arrays of its last result: what finish reads is taken from this
+                # worker's own memory instead (the next observations from the cells
+                # just staged; NextStep needs nothing else of the result).
+                reward, term, trunc = reward.copy(), term.copy(), trunc.copy()
+                leaves = [self.staged[key] for key in self.obs_keys]
+                next_rows = new_cells[finishing]
+                driver.send(self._actions(g))
+                self.sent[g] = True
         if finishing.size:
             self.finish(
-                driver, fin_cols, old_cells[finishing], finishing, leaves, reward, term, trunc, info
+                driver,
+                fin_cols,
+                old_cells[finishing],
+                finishing,
+                (leaves, next_rows),
+                reward,
+                term,
+                trunc,
+                info,
             )
         if len(self.held) == len(self.drivers):
             # The slot was full, handed over, and the go-ahead taken (_Rows.written).
@@ -414,14 +477,17 @@ class _VectorLoop:
         cols: np.ndarray,
         cells: np.ndarray,
         rows_in_result: np.ndarray,
-        leaves: list[np.ndarray],
+        next_obs: tuple[list[np.ndarray], np.ndarray],
         reward: np.ndarray,
         term: np.ndarray,
         trunc: np.ndarray,
         info: dict[str, Any],
     ) -> None:
-        """Write the transitions of ``cols`` (staged in ``cells``; their next observations
-        are rows ``rows_in_result`` of the result)."""
+        """Write the transitions of ``cols`` (staged in ``cells``; their rewards and flags
+        are rows ``rows_in_result`` of the result, their next observations the rows
+        ``next_obs[1]`` of the arrays ``next_obs[0]``: the result's leaves, or the cells
+        they were staged in)."""
+        leaves, next_rows = next_obs
         chunk, staged = self.chunk, self.staged
         done_at = np.flatnonzero(term[rows_in_result] | trunc[rows_in_result])
         final_obs = info.get("final_obs") if driver.mode is AutoresetMode.SAME_STEP else None
@@ -444,8 +510,9 @@ class _VectorLoop:
                     out=chunk[key][dst],
                     mode="clip",
                 )
+            n = next_rows[taken : taken + count]
             for key, leaf in zip(self.next_keys, leaves, strict=True):
-                np.take(leaf, r, axis=0, out=chunk[key][dst], mode="clip")
+                np.take(leaf, n, axis=0, out=chunk[key][dst], mode="clip")
             chunk[("env_index",)][dst] = self.offset + c
             chunk[("episode",)][dst] = self.episode[c]
             chunk[("step",)][dst] = self.step[c]

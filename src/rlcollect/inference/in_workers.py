@@ -115,7 +115,7 @@ class WorkerInference(InferenceBackend):
             return dict(self._last_stats)
         s = self._board.summary()
         layout = self._config.layout
-        width = layout.envs_per_worker // layout.groups  # rows of every forward
+        width = layout.request_columns  # rows of every forward
         return {
             "batches": s["forwards"],
             "rows": s["rows"],

@@ -1,4 +1,5 @@
-"""The policy inside each env worker: ``inference_backend="worker"``, for cheap envs.
+"""The policy inside each env worker: ``inference_backend="worker"``, for cheap envs and
+for one native vector env per worker.
 
 When an env steps in microseconds (CartPole, most classic-control and toy envs), the
 round trip to a batching server costs more than the env: two wake-ups between cores,
@@ -26,6 +27,11 @@ backend. Weights travel through a :class:`~rlcollect.inference.board.WeightsBoar
 every worker starts from the driver's weights (version 0), even when each builds its
 policy from a factory.
 
+The same holds for a vector env's staged requests (its result is a batch already: the
+worker serves it as a hand-written send/recv loop would) and for a policy on a GPU: the
+worker then runs the server's action step (``inference/step.py``: GPU gather, compile,
+CUDA graphs) over its own part of the ring, in a CUDA context of its own.
+
 A worker seeded with ``seed`` draws its exploration noise from a stream of its own
 (``seed`` and its index; in a process its generator is seeded once, in a thread the
 stream is swapped in around each forward): its envs' actions depend only on what its
@@ -34,6 +40,7 @@ envs returned, so a seeded run repeats each env's stream exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -49,9 +56,10 @@ from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.process import InferenceConfig
 from rlcollect.inference.rng import PolicyRng, policy_rng
 from rlcollect.inference.server import check_output
+from rlcollect.inference.step import ActionStep, build_action_step
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
-from rlcollect.transports.layout import Key
+from rlcollect.transports.layout import Key, request_rows
 
 __all__ = ["LocalEnd", "LocalPolicy", "run_local_worker"]
 
@@ -85,10 +93,13 @@ def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> N
     try:
         own_process = policy.driver_pid != os.getpid()
         local = LocalEnd(end, spec, config, module, board, own_process=own_process)
-        # Inference mode is per thread, and this thread only ever acts: entered once, it
-        # spares every forward its context and its ops their autograd bookkeeping.
-        with torch.inference_mode():
-            run_worker(local, spec)
+        try:
+            # Inference mode is per thread, and this thread only ever acts: entered once,
+            # it spares every forward its context and its ops their autograd bookkeeping.
+            with torch.inference_mode():
+                run_worker(local, spec)
+        finally:
+            local.close()
     except ChannelClosed:
         if own_process:  # the driver may be gone: nobody else would unlink the board
             unlink_segment(policy.board)
@@ -98,7 +109,16 @@ def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> N
 
 
 class LocalEnd(WorkerEnd):
-    """A worker end whose requests are answered in the worker, by its own policy copy."""
+    """A worker end whose requests are answered in the worker, by its own policy copy.
+
+    A CPU policy on in-place requests reads its group's ring cells where they are (the
+    cheap-env path: nothing gathered). Otherwise (the policy on a GPU, or the staged
+    requests of vector envs) the request goes through the same action step the server
+    runs (``inference/step.py``), bound to this worker's part of the ring only: a GPU
+    gather, ``compile`` and CUDA graphs work as they do there.
+    """
+
+    answers_in_request = True
 
     def __init__(
         self,
@@ -113,12 +133,16 @@ class LocalEnd(WorkerEnd):
         self._end = end
         self.index = end.index
         self.buffers = end.buffers
-        device = torch.device("cpu")
+        device = torch.device(config.device)
+        self._device = device
         policy = policy.to(device)
         policy.requires_grad_(False)  # as the server's copy: weights change by copy only
         self._runner = PolicyRunner(
             policy, device=device, observation_paths=config.observation_paths
         )
+        self._step: ActionStep | None = None
+        if device.type != "cpu" or config.layout.staging is not None:
+            self._bind_step(config)
         self._params = policy.state_dict(keep_vars=True)
         self._board = board
         self._version = -1  # none yet: the first request loads version 0 from the board
@@ -134,12 +158,43 @@ class LocalEnd(WorkerEnd):
         self._rng: PolicyRng | None = None
         if spec.seed is not None:
             seed = _stream(spec.seed, end.index)
-            if own_process:  # its generator is its own: seed it once
+            if self._step is not None:  # a stream of the step's own, as the server's
+                self._step.seed(seed)
+            elif own_process:  # its generator is its own: seed it once
                 torch.manual_seed(seed)
             else:  # a thread: the driver's generator, so a stream swapped in per forward
                 self._rng = policy_rng(device, seed)
 
+    def _bind_step(self, config: InferenceConfig) -> None:
+        """The server's action step over this worker's part of the ring: the ring seen
+        as a ring of one worker, so that ``request_rows`` names this worker's rows."""
+        layout = dataclasses.replace(config.layout, num_workers=1)
+        views = {key: array[None] for key, array in self.buffers.items()}
+        step = build_action_step(
+            self._runner,
+            dict(config.observations),
+            dict(config.outputs),
+            capacity=layout.request_columns,
+            compile_options=config.compile_options,
+            cuda_graph=config.cuda_graph,
+        )
+        step.attach(
+            {
+                path: layout.request_sources(views, ("observation", *path))
+                for path in config.observation_paths
+            }
+        )
+        self._step = step
+        self._layout = layout
+        self._views = views
+        self._step_outputs = {key: layout.request_sources(views, key) for key, _ in config.outputs}
+        self._step_versions = layout.request_sources(views, ("policy_version",))
+        self._me = np.zeros(1, dtype=np.intp)
+
     def request(self, position: int) -> None:
+        if self._step is not None:
+            self._request_step(position)
+            return
         start = time.perf_counter_ns()
         p, g = divmod(position, self._groups)
         cols = self._columns[g]
@@ -169,6 +224,36 @@ class LocalEnd(WorkerEnd):
             field[p, cols] = src
         self._version_field[p, cols] = self._version
         self._board.record(self.index, self._width, time.perf_counter_ns() - start)
+
+    def _request_step(self, request: int) -> None:
+        start = time.perf_counter_ns()
+        step = self._step
+        assert step is not None
+        version = self._board.refresh(self.index, self._params, self._version, _BOARD_WAIT)
+        if version != self._version and self._device.type == "cuda":
+            # The copy into the parameters ran on this thread's current stream; the step
+            # runs on a stream of its own, which must not read them half copied.
+            torch.cuda.current_stream(self._device).synchronize()
+        self._version = version
+        flat = request_rows(self._layout, self._views, self._me, np.array([request]))
+        rows = step.load(flat)
+        outputs, _ = step.run(rows)
+        if outputs.keys() != self._step_outputs.keys():
+            raise ValueError(
+                f"policy returned outputs {sorted(outputs)}, but {sorted(self._step_outputs)} "
+                "when the collector was built"
+            )
+        for key, src in outputs.items():
+            dst = self._step_outputs[key]
+            check_output(key, src, dst)
+            dst[flat] = src
+        self._step_versions[flat] = version
+        self._board.record(self.index, rows, time.perf_counter_ns() - start)
+
+    def close(self) -> None:
+        """Release what the action step holds (page-locked ring cells)."""
+        if self._step is not None:
+            self._step.close()
 
     def wait_response(self) -> None:
         """Nothing to wait for: :meth:`request` wrote the actions."""

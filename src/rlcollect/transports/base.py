@@ -123,6 +123,10 @@ class WorkerEnd(ABC):
     #: This worker's part of the ring: every array of ``RingLayout.views`` without its
     #: leading worker dimension (transition fields ``[positions, envs_per_worker, ...]``).
     buffers: Mapping[Key, np.ndarray]
+    #: True where :meth:`request` itself writes the actions before it returns (the
+    #: policy run by the worker: ``inference_backend="worker"``), so a worker loop may
+    #: act on them at once; transports' ends leave it False.
+    answers_in_request: ClassVar[bool] = False
 
     @abstractmethod
     def request(self, position: int) -> None:
