@@ -30,7 +30,8 @@ policy from a factory.
 The same holds for a vector env's staged requests (its result is a batch already: the
 worker serves it as a hand-written send/recv loop would) and for a policy on a GPU: the
 worker then runs the server's action step (``inference/step.py``: GPU gather, compile,
-CUDA graphs) over its own part of the ring, in a CUDA context of its own.
+CUDA graphs) over its own part of the ring (a worker process in a CUDA context of its
+own; worker threads, which share one, are refused ``compile`` and ``cuda_graph``).
 
 A worker seeded with ``seed`` draws its exploration noise from a stream of its own
 (``seed`` and its index; in a process its generator is seeded once, in a thread the
