@@ -56,7 +56,7 @@ from rlcollect.inference.board import WeightsBoard
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.process import InferenceConfig
 from rlcollect.inference.rng import PolicyRng, policy_rng
-from rlcollect.inference.server import check_output
+from rlcollect.inference.server import check_output, scatter_outputs
 from rlcollect.inference.step import ActionStep, build_action_step
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
@@ -239,15 +239,7 @@ class LocalEnd(WorkerEnd):
         flat = request_rows(self._layout, self._views, self._me, np.array([request]))
         rows = step.load(flat)
         outputs, _ = step.run(rows)
-        if outputs.keys() != self._step_outputs.keys():
-            raise ValueError(
-                f"policy returned outputs {sorted(outputs)}, but {sorted(self._step_outputs)} "
-                "when the collector was built"
-            )
-        for key, src in outputs.items():
-            dst = self._step_outputs[key]
-            check_output(key, src, dst)
-            dst[flat] = src
+        scatter_outputs(outputs, self._step_outputs, flat)
         self._step_versions[flat] = version
         self._board.record(self.index, rows, time.perf_counter_ns() - start)
 

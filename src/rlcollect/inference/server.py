@@ -228,7 +228,6 @@ class InferenceServer(InferenceBackend):
             raise ValueError(f"the action step holds {step.capacity} rows, fewer than a batch")
         self._version_rows = layout.request_sources(views, ("policy_version",))
         self._output_rows = {key: layout.request_sources(views, key) for key in output_keys}
-        self._output_keys = frozenset(output_keys)
         self._weights_lock = threading.Lock()
         self._version = 0
         self._stop = threading.Event()
@@ -434,15 +433,7 @@ class InferenceServer(InferenceBackend):
             outputs, (h2d, d2h) = self._step.run(rows)
             version = self._version
         t2 = clock()
-        if outputs.keys() != self._output_keys:
-            raise ValueError(
-                f"policy returned outputs {sorted(outputs)}, but {sorted(self._output_keys)} "
-                "when the collector was built"
-            )
-        for key, src in outputs.items():
-            dst = self._output_rows[key]
-            check_output(key, src, dst)
-            dst[flat] = src
+        scatter_outputs(outputs, self._output_rows, flat)
         self._version_rows[flat] = version
         t3 = clock()
         self._end.respond([int(w) for w in workers])
@@ -463,6 +454,28 @@ class InferenceServer(InferenceBackend):
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
+
+
+def scatter_outputs(
+    outputs: Mapping[Key, np.ndarray], fields: Mapping[Key, np.ndarray], flat: np.ndarray
+) -> None:
+    """Write a batch's outputs into rows ``flat`` of their ring fields (``[rows, ...]``),
+    each checked first (the server's batches and a worker's own requests alike).
+
+    Raises:
+        ValueError: the policy returned other outputs, or another shape per env, than
+            when the collector was built.
+        TypeError: see :func:`check_output`.
+    """
+    if outputs.keys() != fields.keys():
+        raise ValueError(
+            f"policy returned outputs {sorted(outputs)}, but {sorted(fields)} "
+            "when the collector was built"
+        )
+    for key, src in outputs.items():
+        dst = fields[key]
+        check_output(key, src, dst)
+        dst[flat] = src
 
 
 def check_output(key: Key, src: np.ndarray, dst: np.ndarray) -> None:
