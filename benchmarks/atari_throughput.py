@@ -173,12 +173,18 @@ class GraphedStep:
 
 
 def hand_loop(
-    args: argparse.Namespace, device: torch.device, w: int, hold: float = 0.0
+    args: argparse.Namespace,
+    device: torch.device,
+    w: int,
+    hold: float = 0.0,
+    factory: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """One thread visiting ``w`` vector envs in turn: recv, the graphed network, send;
-    with ``hold`` (seconds), each batch's actions are sent that much later (a spin)."""
+    with ``hold`` (seconds), each batch's actions are sent that much later (a spin).
+    ``factory`` replaces the vector env factory (``profile_vector_worker.py``)."""
     n, b, t = vector_config(args, w)
-    envs = [make_atari_vector(n, b, t, args.env_nice) for _ in range(w)]
+    make = factory or functools.partial(make_atari_vector, n, b, t, args.env_nice)
+    envs = [make() for _ in range(w)]
     try:
         policy = _policy(envs[0].single_action_space.n, args.policy).to(device)
         act = GraphedStep(policy, b, device)
@@ -210,8 +216,10 @@ def collector(
     one_worker: bool,
     factory: Callable[[], Any] | None = None,
     on_window: Callable[[str], None] | None = None,
+    backend: str = "thread",
 ) -> dict[str, Any]:
-    """``w`` vector envs, one per worker (or all in ``one_worker``, alternating).
+    """``w`` vector envs, one per worker (or all in ``one_worker``, alternating), the
+    policy in the collector's ``backend`` (``inference_backend``).
 
     Besides frames/s, where the CPU goes, per frame over the timed window: the driver
     process, its inference-server thread and, with worker processes, their Python loops
@@ -234,6 +242,7 @@ def collector(
         envs_per_worker=w if one_worker else 1,
         policy_device=device,
         cuda_graph=device.type == "cuda",
+        inference_backend=backend,
     ) as c:
         it = iter(c)
         next(it)
@@ -241,8 +250,10 @@ def collector(
         while time.perf_counter() < t_end:
             next(it)
         pids = handle.pids if isinstance(handle, ProcessSlotTransport) else []
+        # None with the policy in the workers: there is no server thread
         server_tid = next(
-            th.native_id for th in threading.enumerate() if th.name == "rlcollect-inference"
+            (th.native_id for th in threading.enumerate() if th.name == "rlcollect-inference"),
+            None,
         )
         if on_window is not None:
             on_window("start")
@@ -262,7 +273,7 @@ def collector(
     return {
         "fps": frames / wall,
         "process_cpu_ms_per_frame": 1e3 * cpu / frames,
-        "server_thread_cpu_ms_per_frame": spent["server_thread"],
+        "server_thread_cpu_ms_per_frame": spent["server_thread"] if server_tid else None,
         "worker_loop_cpu_ms_per_frame": spent["worker_loops"] if pids else None,
         "worker_process_cpu_ms_per_frame": spent["worker_processes"] if pids else None,
         "mean_batch_size": rows / batches if batches else 0.0,
@@ -274,7 +285,7 @@ def collector(
     }
 
 
-def _cpu_seconds(pids: list[int], server_tid: int) -> dict[str, float]:
+def _cpu_seconds(pids: list[int], server_tid: int | None) -> dict[str, float]:
     """CPU seconds so far of the server thread (this process), of each worker process's
     main thread (its Python loop), and of the worker processes whole."""
 
@@ -283,7 +294,7 @@ def _cpu_seconds(pids: list[int], server_tid: int) -> dict[str, float]:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime+stime
 
     return {
-        "server_thread": ticks(f"/proc/self/task/{server_tid}/stat"),
+        "server_thread": ticks(f"/proc/self/task/{server_tid}/stat") if server_tid else 0.0,
         "worker_loops": sum(ticks(f"/proc/{p}/task/{p}/stat") for p in pids),
         "worker_processes": sum(ticks(f"/proc/{p}/stat") for p in pids),
     }

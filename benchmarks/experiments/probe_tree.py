@@ -18,6 +18,10 @@ Probes:
     gpu_nap          the wait on the GPU naps (learned per batch size), then spins (not adopted)
     no_copy          nothing copied out of the ring: batches of garbage (zero-copy's bound)
     spin_response    a worker process polls for its answer before it blocks (SPIN_US env)
+    worker_phases    a vector-env worker's receive timed by phase, the request's step too, each
+                     worker's sums in $RLCOLLECT_PROBE_DIR/phases-<pid>.json;
+                     RLCOLLECT_PROBE_HOST_GATHER=1 has the policy in the worker gather
+                     on the host (no page-locked ring)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is

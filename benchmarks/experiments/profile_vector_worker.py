@@ -3,13 +3,16 @@
 Runs ``benchmarks/atari_throughput.py``'s configuration with one worker whose vector env
 is wrapped in :class:`TimedVectorEnv`, a ``gymnasium.vector.VectorWrapper`` (nothing of
 rlcollect is patched: the collector sees an ordinary vector env). Per batch it times
-``send`` and ``recv`` (the env's own time, as the worker sees it) and the gap from a
+``send`` and ``recv`` (the env's own time, as the worker sees it), the gap from a
 ``recv`` returning to the next ``send`` (the collector's: handling the result, the
-request's round trip through the inference server, the actions back). Beside them: the
-server's phases and request latency (``collector.stats()``), the env alone and the hand
-loop of the same configuration. A thread worker at each ``--switch-intervals`` value,
-then a worker process; in either, the wrapper writes its running totals to a file every
-0.1 s, read at the start and the end of the timed window. The timers cost a few
+request's round trip through the inference server, the actions back) and the gap from
+a ``send`` to the next ``recv`` (what the worker does meanwhile: writing the finished
+transitions). Beside them: the server's phases and request latency
+(``collector.stats()``; with ``inference_backend="worker"`` the time of each request
+in the worker), the env alone and the hand loop of the same configuration, its env
+wrapped the same way. A thread worker at each ``--switch-intervals`` value, then a
+worker process with each of ``--backends``; the wrapper writes its running totals to a
+file every 0.1 s, read at the start and the end of the timed window. The timers cost a few
 microseconds per call: the figures are for finding the cost, not for quoting throughput
 (``atari_throughput.py`` does that)::
 
@@ -38,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import atari_throughput as at
 from common import make_atari_vector
 
-STEPS = ("send", "recv", "recv_to_send")
+STEPS = ("send", "recv", "recv_to_send", "send_to_recv")
 
 
 class TimedVectorEnv(gym.vector.VectorWrapper):
@@ -50,6 +53,7 @@ class TimedVectorEnv(gym.vector.VectorWrapper):
         self.seconds: dict[str, float] = dict.fromkeys(STEPS, 0.0)
         self.batches = 0
         self._received_at: float | None = None
+        self._sent_at: float | None = None
 
     @property
     def batch_size(self) -> int:
@@ -64,10 +68,14 @@ class TimedVectorEnv(gym.vector.VectorWrapper):
         try:
             self.env.send(actions)  # type: ignore[attr-defined]
         finally:
-            self.seconds["send"] += time.perf_counter() - t
+            self._sent_at = time.perf_counter()
+            self.seconds["send"] += self._sent_at - t
 
     def recv(self) -> Any:
         t = time.perf_counter()
+        if self._sent_at is not None:
+            self.seconds["send_to_recv"] += t - self._sent_at
+            self._sent_at = None
         result = self.env.recv()  # type: ignore[attr-defined]
         self._received_at = time.perf_counter()
         self.seconds["recv"] += self._received_at - t
@@ -141,7 +149,9 @@ class Marks:
         }
 
 
-def profiled(args: argparse.Namespace, device: torch.device, transport: str) -> dict[str, Any]:
+def profiled(
+    args: argparse.Namespace, device: torch.device, transport: str, backend: str
+) -> dict[str, Any]:
     # A worker may write its last report while the collector shuts down: leftovers
     # there are of no use, and must not fail the run.
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as reports:
@@ -149,13 +159,34 @@ def profiled(args: argparse.Namespace, device: torch.device, transport: str) -> 
         marks = Marks(reports)
         factory = TimedAtariVector(n, b, t, args.env_nice, reports)
         result = at.collector(
-            args, device, transport, 1, one_worker=False, factory=factory, on_window=marks
+            args,
+            device,
+            transport,
+            1,
+            one_worker=False,
+            factory=factory,
+            on_window=marks,
+            backend=backend,
         )
     result["worker_us_per_batch"] = marks.per_batch()
     server_batches = result["fps"] * args.seconds / max(result["mean_batch_size"], 1e-9)
     result["server_us_per_batch"] = {
         k: 1e6 * v / max(server_batches, 1.0) for k, v in result["phase_seconds"].items()
     }
+    return result
+
+
+def hand_loop(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The hand loop, its vector env wrapped as the collector's is; timed by the window
+    of ``at.hand_loop`` (its warm-up is added to the marks: read before and after)."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as reports:
+        n, b, t = at.vector_config(args, 1)
+        marks = Marks(reports)
+        factory = TimedAtariVector(n, b, t, args.env_nice, reports)
+        result: dict[str, Any] = dict(at.hand_loop(args, device, 1, factory=factory))
+        marks.at["start"] = {"seconds": {}, "batches": 0}
+        marks("end")
+    result["worker_us_per_batch"] = marks.per_batch()  # over warm-up and window
     return result
 
 
@@ -167,7 +198,11 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--frames-per-batch", type=int, default=1024)
-    p.add_argument("--switch-intervals", default="0.005,0.0005")
+    p.add_argument(
+        "--switch-intervals", default="0.005,0.0005", help="thread-worker runs; '' for none"
+    )
+    p.add_argument("--backends", default="thread,worker", help="worker-process runs")
+    p.add_argument("--rounds", type=int, default=1, help="every run this many times, in turn")
     p.add_argument("--policy", choices=["nature_cnn", "noop"], default="nature_cnn")
     p.add_argument("--env-nice", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -177,22 +212,26 @@ def main() -> None:
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the collector's server thread runs a CPU policy
     report: dict[str, Any] = {"config": vars(args)}
-    report["env_only"] = at.env_only(args, 1)
-    report["hand_loop"] = at.hand_loop(args, device, 1)
     keys = ("fps", "worker_us_per_batch", "server_us_per_batch", "request_latency_p50")
-    for interval in [float(x) for x in args.switch_intervals.split(",")]:
-        sys.setswitchinterval(interval)
-        result = profiled(args, device, "thread")
-        report[f"thread-1w switch={interval}"] = result
-        print(json.dumps({k: result[k] for k in keys}, indent=1), flush=True)
-    sys.setswitchinterval(0.005)
-    result = profiled(args, device, "process_slots")
-    report["process_slots-1w"] = result
-    print(json.dumps({k: result[k] for k in keys}, indent=1), flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        text = json.dumps(report, indent=1, default=str)
-        (Path(args.out) / "profile_vector_worker.json").write_text(text)
+
+    def keep(name: str, result: dict[str, Any]) -> None:
+        report.setdefault(name, []).append(result)
+        shown = {k: result[k] for k in keys if k in result}
+        print(name, json.dumps(shown, indent=1), flush=True)
+        if args.out:  # after every run: a run stopped short keeps what it measured
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            text = json.dumps(report, indent=1, default=str)
+            (Path(args.out) / "profile_vector_worker.json").write_text(text)
+
+    for _ in range(args.rounds):
+        keep("env_only", at.env_only(args, 1))
+        keep("hand_loop", hand_loop(args, device))
+        for interval in [float(x) for x in args.switch_intervals.split(",") if x]:
+            sys.setswitchinterval(interval)
+            keep(f"thread-1w switch={interval}", profiled(args, device, "thread", "thread"))
+        sys.setswitchinterval(0.005)
+        for backend in [b for b in args.backends.split(",") if b]:
+            keep(f"process_slots-1w {backend}", profiled(args, device, "process_slots", backend))
 
 
 if __name__ == "__main__":
