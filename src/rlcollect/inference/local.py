@@ -60,7 +60,7 @@ from rlcollect.inference.server import check_output, scatter_outputs
 from rlcollect.inference.step import ActionStep, build_action_step
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
-from rlcollect.transports.layout import Key, request_rows
+from rlcollect.transports.layout import STAGED, Key, request_rows
 
 __all__ = ["LocalEnd", "LocalPolicy", "run_local_worker"]
 
@@ -191,6 +191,10 @@ class LocalEnd(WorkerEnd):
         self._step_outputs = {key: layout.request_sources(views, key) for key, _ in config.outputs}
         self._step_versions = layout.request_sources(views, ("policy_version",))
         self._me = np.zeros(1, dtype=np.intp)
+        # Staged (vector envs): a request's rows in a ring of one worker are its cells,
+        # as its request index names them (what request_rows computes, without the
+        # arithmetic, which runs between a vector env's result and its actions).
+        self._request_cells = self.buffers.get((STAGED, "rows"))
 
     def request(self, position: int) -> None:
         if self._step is not None:
@@ -236,7 +240,10 @@ class LocalEnd(WorkerEnd):
             # runs on a stream of its own, which must not read them half copied.
             torch.cuda.current_stream(self._device).synchronize()
         self._version = version
-        flat = request_rows(self._layout, self._views, self._me, np.array([request]))
+        if self._request_cells is not None:
+            flat = self._request_cells[request]
+        else:
+            flat = request_rows(self._layout, self._views, self._me, np.array([request]))
         rows = step.load(flat)
         outputs, _ = step.run(rows)
         scatter_outputs(outputs, self._step_outputs, flat)
