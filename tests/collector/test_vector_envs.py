@@ -223,10 +223,17 @@ def test_factories_that_build_different_vector_envs_are_rejected(transport):
             pass
 
 
-def test_a_vector_env_naming_wrong_sub_envs_is_an_error(transport):
+@pytest.mark.parametrize("backend", ["thread", "worker"])
+def test_a_vector_env_naming_wrong_sub_envs_is_an_error(transport, backend):
+    # backend "worker": the check runs after the actions are sent (vector_worker.py)
     with (
         pytest.raises(WorkerError, match="not all of them had an action or a reset") as info,
-        build([functools.partial(LyingIds, 0, 4, 2)], transport=transport, total_frames=-1) as c,
+        build(
+            [functools.partial(LyingIds, 0, 4, 2)],
+            transport=transport,
+            inference_backend=backend,
+            total_frames=-1,
+        ) as c,
     ):
         for _ in c:
             pass

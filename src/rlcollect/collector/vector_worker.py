@@ -25,7 +25,12 @@ Where the worker answers its own requests (``inference_backend="worker"``: the e
 driven asynchronously with ``NextStep`` autoreset (and no ``info_keys``) is sent them
 right there, before ``finish``, so its threads step those sub-envs while the worker
 writes the transitions. ``finish`` then reads the next observations from the cells just
-staged, not from the result's arrays, which the env may reuse once it steps again.
+staged, not from the result's arrays, which the env may reuse once it steps again. On
+that path only what the actions need runs before the send (the observations' check,
+the staging, the request); the check that each returned sub-env had a step under way,
+and the search for finished transitions, run after it: the sub-envs of a result idle
+until their actions arrive, and each numpy call there costs microseconds on a host
+whose cores all step sub-envs.
 
 Why staging: a result names an arbitrary subset of sub-envs, so the columns of a
 request do not line up with per-env chunk columns (see ``transports/layout.py``). The
@@ -311,9 +316,13 @@ class _VectorLoop:
         self.stepped = [0] * len(self.drivers)
         self.held: list[int] = []
         # The worker's own policy answers a request as it is made: an asynchronous
-        # vector env then gets its actions before the finished transitions are written,
-        # which it steps meanwhile (as a hand-written send/recv loop would).
-        self.send_early = end.answers_in_request and not spec.info_keys
+        # NextStep vector env then gets its actions before the finished transitions are
+        # written, which it steps meanwhile (as a hand-written send/recv loop would).
+        send_early = end.answers_in_request and not spec.info_keys and not spec.on_policy
+        self.early = [
+            send_early and d.asynchronous and d.mode is AutoresetMode.NEXT_STEP
+            for d in self.drivers
+        ]
         self.sent = [False] * len(self.drivers)  # actions already sent; only recv is due
 
     def run(self) -> None:
@@ -330,13 +339,12 @@ class _VectorLoop:
                     self.receive(g, driver.recv())
                     continue
                 self.end.wait_response()
-                self.receive(g, driver.act(self._actions(g)))
+                cells = self.request_index[g]
+                self.in_flight[cells % self.k] = True  # its sub-envs are under way from here
+                self.receive(g, driver.act(self._actions(cells)))
 
-    def _actions(self, g: int) -> np.ndarray:
-        """Vector env ``g``'s answered request: its actions, in its last result's order;
-        its sub-envs are under way from here."""
-        cells = self.request_index[g]
-        self.in_flight[cells % self.k] = True
+    def _actions(self, cells: np.ndarray) -> np.ndarray:
+        """The answered actions of the request of ``cells``, in its result's order."""
         actions: np.ndarray = self.staged[("action",)][cells]  # a copy
         return actions
 
@@ -344,17 +352,12 @@ class _VectorLoop:
         driver = self.drivers[g]
         ids, obs, reward, term, trunc, info = result
         cols = driver.base + ids
-        mine = self.in_flight[driver.base : driver.base + driver.n]
-        under_way = int(np.count_nonzero(mine))
-        self.in_flight[cols] = False
-        # Every returned sub-env had a step under way, and none is named twice.
-        if under_way - int(np.count_nonzero(mine)) != len(cols):
-            raise driver._fail("the result check") from ValueError(
-                f"results for sub-envs {ids.tolist()}, but not all of them had an action or "
-                "a reset under way, or one is named twice"
-            )
         leaves = [self._checked(driver, _leaf(obs, path), key, len(ids))
                   for path, key in zip(self.paths, self.obs_keys, strict=True)]  # fmt: skip
+        if self.early[g]:
+            self._receive_early(g, driver, cols, leaves, reward, term, trunc, info)
+            return
+        self._returned(driver, cols, ids)
         done = term | trunc
         finishing = np.flatnonzero(self.pending[cols])
         fin_cols = cols[finishing]
@@ -367,14 +370,7 @@ class _VectorLoop:
             staged = self._reset_finished(driver, fin_done, cols, leaves)
         # Stage into each env's other cell and send the request, then finish the
         # transitions from the cells of the step before while the server works.
-        old_cells = self.cell[cols]
-        new_cells = (old_cells + self.k) % (2 * self.k)
-        for key, leaf in zip(self.obs_keys, staged, strict=True):
-            self.staged[key][new_cells] = leaf
-        if self.is_init is not None:
-            self.is_init[new_cells] = self._starts(driver, cols, done)
-        self.request_index[g] = new_cells
-        next_rows = finishing  # where each finishing env's next observation is in leaves
+        old_cells, new_cells = self._stage(g, driver, cols, staged, done)
         round_ends = False
         if self.on_policy and finishing.size:
             self.stepped[g] += 1
@@ -384,23 +380,13 @@ class _VectorLoop:
             self.held.append(g)  # the next round's request waits for the go-ahead
         else:
             self.end.request(g)
-            if self.send_early and driver.asynchronous and driver.mode is AutoresetMode.NEXT_STEP:
-                # From the send on, the env's threads step the sub-envs and may reuse the
-                # arrays of its last result: what finish reads is taken from this
-                # worker's own memory instead (the next observations from the cells
-                # just staged; NextStep needs nothing else of the result).
-                reward, term, trunc = reward.copy(), term.copy(), trunc.copy()
-                leaves = [self.staged[key] for key in self.obs_keys]
-                next_rows = new_cells[finishing]
-                driver.send(self._actions(g))
-                self.sent[g] = True
         if finishing.size:
             self.finish(
                 driver,
                 fin_cols,
                 old_cells[finishing],
                 finishing,
-                (leaves, next_rows),
+                (leaves, finishing),
                 reward,
                 term,
                 trunc,
@@ -411,8 +397,97 @@ class _VectorLoop:
             for held in self.held:
                 self.end.request(held)
             self.held.clear()
+        self._advance(driver, cols, new_cells, fin_cols, fin_done)
+
+    def _receive_early(
+        self,
+        g: int,
+        driver: _VectorEnvDriver,
+        cols: np.ndarray,
+        leaves: list[np.ndarray],
+        reward: np.ndarray,
+        term: np.ndarray,
+        trunc: np.ndarray,
+        info: dict[str, Any],
+    ) -> None:
+        """:meth:`receive` where the request is answered as it is made, for a vector env
+        driven asynchronously with ``NextStep`` autoreset: the actions go out before
+        anything that can wait. Between a result and its actions its sub-envs idle,
+        and the worker's every numpy call there, tens of microseconds on a loaded host,
+        is on that path; the result's checks and the finish come after the send."""
+        old_cells, new_cells = self._stage(g, driver, cols, leaves, None)
+        self.end.request(g)
+        # From the send on, the env's threads step the sub-envs and may reuse the arrays
+        # of its last result: what finish reads is taken from this worker's own memory
+        # (the next observations from the cells just staged; NextStep needs nothing else).
+        reward, term, trunc = reward.copy(), term.copy(), trunc.copy()
+        driver.send(self._actions(new_cells))
+        self.sent[g] = True
+        # Only now the check that every returned sub-env had a step under way, once each
+        # (a sub-env named twice was staged and sent twice: the worker fails either way).
+        self._returned(driver, cols, cols - driver.base)
+        self.in_flight[cols] = True  # under way again since the send
+        done = term | trunc
+        finishing = np.flatnonzero(self.pending[cols])
+        fin_cols = cols[finishing]
+        if finishing.size:
+            self.finish(
+                driver,
+                fin_cols,
+                old_cells[finishing],
+                finishing,
+                ([self.staged[key] for key in self.obs_keys], new_cells[finishing]),
+                reward,
+                term,
+                trunc,
+                info,
+            )
+        self._advance(driver, cols, new_cells, fin_cols, fin_cols[done[finishing]])
+
+    def _returned(self, driver: _VectorEnvDriver, cols: np.ndarray, ids: np.ndarray) -> None:
+        """Check that every sub-env of a result had a step under way, and that none is
+        named twice; they are not under way any more."""
+        mine = self.in_flight[driver.base : driver.base + driver.n]
+        under_way = int(np.count_nonzero(mine))
+        self.in_flight[cols] = False
+        if under_way - int(np.count_nonzero(mine)) != len(cols):
+            raise driver._fail("the result check") from ValueError(
+                f"results for sub-envs {ids.tolist()}, but not all of them had an action or "
+                "a reset under way, or one is named twice"
+            )
+
+    def _stage(
+        self,
+        g: int,
+        driver: _VectorEnvDriver,
+        cols: np.ndarray,
+        leaves: list[np.ndarray],
+        done: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Copy each observation of ``cols`` into its env's other staging cell and name
+        the cells in request ``g``'s index; returns the cells of the step before and the
+        new ones. ``done``: the result's episode ends (``None`` under ``NextStep``,
+        whose ends never mark an observation as an episode's first)."""
+        old_cells = self.cell[cols]
+        new_cells = (old_cells + self.k) % (2 * self.k)
+        for key, leaf in zip(self.obs_keys, leaves, strict=True):
+            self.staged[key][new_cells] = leaf
+        if self.is_init is not None:
+            self.is_init[new_cells] = self._starts(driver, cols, done)
+        self.request_index[g] = new_cells
+        return old_cells, new_cells
+
+    def _advance(
+        self,
+        driver: _VectorEnvDriver,
+        cols: np.ndarray,
+        new_cells: np.ndarray,
+        fin_cols: np.ndarray,
+        fin_done: np.ndarray,
+    ) -> None:
+        """Bookkeeping for the observations just staged: ``fin_cols`` finished a
+        transition, ``fin_done`` an episode."""
         self.cell[cols] = new_cells
-        # Bookkeeping for the new observations.
         self.step[fin_cols] += 1
         starting = cols[~self.pending[cols]]  # reset results: a new episode starts
         renewed = starting[self.ended[starting]]
@@ -428,7 +503,9 @@ class _VectorLoop:
                 self.episode[fin_done] += 1
                 self.step[fin_done] = 0
 
-    def _starts(self, driver: _VectorEnvDriver, cols: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def _starts(
+        self, driver: _VectorEnvDriver, cols: np.ndarray, done: np.ndarray | None
+    ) -> np.ndarray:
         """Which of the observations just returned for ``cols`` start an episode (step
         0), by the bookkeeping below: a reset result (no transition under way), or, where
         the result carries the reset observation itself (``SameStep``, ``Disabled``),
@@ -436,6 +513,7 @@ class _VectorLoop:
         transition's: its env's next observation, the reset one, starts the episode."""
         starts: np.ndarray = ~self.pending[cols]
         if driver.mode is not AutoresetMode.NEXT_STEP:
+            assert done is not None  # only NextStep stages without its result's ends
             starts |= done
         return starts
 
