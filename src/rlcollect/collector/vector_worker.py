@@ -360,9 +360,8 @@ class _VectorLoop:
         self._returned(driver, cols, ids)
         done = term | trunc
         finishing = np.flatnonzero(self.pending[cols])
-        fin_cols = cols[finishing]
-        fin_done = fin_cols[done[finishing]]
         staged = leaves
+        fin_done = cols[finishing[done[finishing]]]
         if fin_done.size and driver.mode is AutoresetMode.DISABLED:
             # Kept: the reset may write into the arrays the step returned (SyncVectorEnv
             # with copy=False does), and these hold the final observations.
@@ -380,24 +379,10 @@ class _VectorLoop:
             self.held.append(g)  # the next round's request waits for the go-ahead
         else:
             self.end.request(g)
-        if finishing.size:
-            self.finish(
-                driver,
-                fin_cols,
-                old_cells[finishing],
-                finishing,
-                (leaves, finishing),
-                reward,
-                term,
-                trunc,
-                info,
-            )
-        if len(self.held) == len(self.drivers):
-            # The slot was full, handed over, and the go-ahead taken (_Rows.written).
-            for held in self.held:
-                self.end.request(held)
-            self.held.clear()
-        self._advance(driver, cols, new_cells, fin_cols, fin_done)
+        cells = (old_cells, new_cells)
+        self._conclude(
+            driver, cols, cells, finishing, (leaves, finishing), reward, term, trunc, info
+        )
 
     def _receive_early(
         self,
@@ -427,8 +412,28 @@ class _VectorLoop:
         # (a sub-env named twice was staged and sent twice: the worker fails either way).
         self._returned(driver, cols, cols - driver.base)
         self.in_flight[cols] = True  # under way again since the send
-        done = term | trunc
         finishing = np.flatnonzero(self.pending[cols])
+        next_obs = ([self.staged[key] for key in self.obs_keys], new_cells[finishing])
+        cells = (old_cells, new_cells)
+        self._conclude(driver, cols, cells, finishing, next_obs, reward, term, trunc, info)
+
+    def _conclude(
+        self,
+        driver: _VectorEnvDriver,
+        cols: np.ndarray,
+        cells: tuple[np.ndarray, np.ndarray],
+        finishing: np.ndarray,
+        next_obs: tuple[list[np.ndarray], np.ndarray],
+        reward: np.ndarray,
+        term: np.ndarray,
+        trunc: np.ndarray,
+        info: dict[str, Any],
+    ) -> None:
+        """What follows a result's request: write the transitions that the rows
+        ``finishing`` of the result finish (see :meth:`finish`), send held on-policy
+        requests once every vector env's are held, and do the bookkeeping of
+        :meth:`_advance`. ``cells``: the cells of ``cols`` before and after staging."""
+        old_cells, new_cells = cells
         fin_cols = cols[finishing]
         if finishing.size:
             self.finish(
@@ -436,13 +441,19 @@ class _VectorLoop:
                 fin_cols,
                 old_cells[finishing],
                 finishing,
-                ([self.staged[key] for key in self.obs_keys], new_cells[finishing]),
+                next_obs,
                 reward,
                 term,
                 trunc,
                 info,
             )
-        self._advance(driver, cols, new_cells, fin_cols, fin_cols[done[finishing]])
+        if len(self.held) == len(self.drivers):
+            # The slot was full, handed over, and the go-ahead taken (_Rows.written).
+            for held in self.held:
+                self.end.request(held)
+            self.held.clear()
+        fin_done = fin_cols[term[finishing] | trunc[finishing]]
+        self._advance(driver, cols, new_cells, fin_cols, fin_done)
 
     def _returned(self, driver: _VectorEnvDriver, cols: np.ndarray, ids: np.ndarray) -> None:
         """Check that every sub-env of a result had a step under way, and that none is
