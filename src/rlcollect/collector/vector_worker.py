@@ -380,9 +380,7 @@ class _VectorLoop:
         else:
             self.end.request(g)
         cells = (old_cells, new_cells)
-        self._conclude(
-            driver, cols, cells, finishing, (leaves, finishing), reward, term, trunc, info
-        )
+        self.finish(driver, cols, cells, finishing, (leaves, finishing), reward, term, trunc, info)
 
     def _receive_early(
         self,
@@ -415,45 +413,7 @@ class _VectorLoop:
         finishing = np.flatnonzero(self.pending[cols])
         next_obs = ([self.staged[key] for key in self.obs_keys], new_cells[finishing])
         cells = (old_cells, new_cells)
-        self._conclude(driver, cols, cells, finishing, next_obs, reward, term, trunc, info)
-
-    def _conclude(
-        self,
-        driver: _VectorEnvDriver,
-        cols: np.ndarray,
-        cells: tuple[np.ndarray, np.ndarray],
-        finishing: np.ndarray,
-        next_obs: tuple[list[np.ndarray], np.ndarray],
-        reward: np.ndarray,
-        term: np.ndarray,
-        trunc: np.ndarray,
-        info: dict[str, Any],
-    ) -> None:
-        """What follows a result's request: write the transitions that the rows
-        ``finishing`` of the result finish (see :meth:`finish`), send held on-policy
-        requests once every vector env's are held, and do the bookkeeping of
-        :meth:`_advance`. ``cells``: the cells of ``cols`` before and after staging."""
-        old_cells, new_cells = cells
-        fin_cols = cols[finishing]
-        if finishing.size:
-            self.finish(
-                driver,
-                fin_cols,
-                old_cells[finishing],
-                finishing,
-                next_obs,
-                reward,
-                term,
-                trunc,
-                info,
-            )
-        if len(self.held) == len(self.drivers):
-            # The slot was full, handed over, and the go-ahead taken (_Rows.written).
-            for held in self.held:
-                self.end.request(held)
-            self.held.clear()
-        fin_done = fin_cols[term[finishing] | trunc[finishing]]
-        self._advance(driver, cols, new_cells, fin_cols, fin_done)
+        self.finish(driver, cols, cells, finishing, next_obs, reward, term, trunc, info)
 
     def _returned(self, driver: _VectorEnvDriver, cols: np.ndarray, ids: np.ndarray) -> None:
         """Check that every sub-env of a result had a step under way, and that none is
@@ -563,8 +523,8 @@ class _VectorLoop:
     def finish(
         self,
         driver: _VectorEnvDriver,
-        cols: np.ndarray,
-        cells: np.ndarray,
+        result_cols: np.ndarray,
+        result_cells: tuple[np.ndarray, np.ndarray],
         rows_in_result: np.ndarray,
         next_obs: tuple[list[np.ndarray], np.ndarray],
         reward: np.ndarray,
@@ -572,10 +532,16 @@ class _VectorLoop:
         trunc: np.ndarray,
         info: dict[str, Any],
     ) -> None:
-        """Write the transitions of ``cols`` (staged in ``cells``; their rewards and flags
-        are rows ``rows_in_result`` of the result, their next observations the rows
-        ``next_obs[1]`` of the arrays ``next_obs[0]``: the result's leaves, or the cells
-        they were staged in)."""
+        """What follows a result's request. Write the transitions that its rows
+        ``rows_in_result`` finish: their envs' observations are in the cells
+        ``result_cells[0]`` of the step before, their rewards and flags in those rows of
+        the result, their next observations in rows ``next_obs[1]`` of the arrays
+        ``next_obs[0]`` (the result's leaves, or the cells they were just staged in).
+        Then send the held on-policy requests once every vector env's are held, and do
+        the bookkeeping of :meth:`_advance` (``result_cells[1]``: the cells just staged)."""
+        old_cells, new_cells = result_cells
+        cols = result_cols[rows_in_result]
+        cells = old_cells[rows_in_result]
         leaves, next_rows = next_obs
         chunk, staged = self.chunk, self.staged
         done_at = np.flatnonzero(term[rows_in_result] | trunc[rows_in_result])
@@ -620,6 +586,12 @@ class _VectorLoop:
                     self._write_final(driver, start + i - taken, final_obs[r[i - taken]])
             taken += count
             self.rows.written(count)
+        if len(self.held) == len(self.drivers):
+            # The slot was full, handed over, and the go-ahead taken (_Rows.written).
+            for held in self.held:
+                self.end.request(held)
+            self.held.clear()
+        self._advance(driver, result_cols, new_cells, cols, cols[done_at])
 
     def _write_infos(
         self,
