@@ -56,10 +56,11 @@ from rlcollect.inference.board import WeightsBoard
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.process import InferenceConfig
 from rlcollect.inference.rng import PolicyRng, policy_rng
+from rlcollect.inference.row_copy import DeviceRowCopier
 from rlcollect.inference.server import check_output, scatter_outputs
 from rlcollect.inference.step import ActionStep, build_action_step
 from rlcollect.processes import unlink_segment
-from rlcollect.transports.base import WorkerEnd
+from rlcollect.transports.base import RowCopier, WorkerEnd
 from rlcollect.transports.layout import STAGED, Key, request_rows
 
 __all__ = ["LocalEnd", "LocalPolicy", "run_local_worker"]
@@ -142,6 +143,8 @@ class LocalEnd(WorkerEnd):
             policy, device=device, observation_paths=config.observation_paths
         )
         self._step: ActionStep | None = None
+        self._copier: DeviceRowCopier | None = None
+        self._paths = config.observation_paths
         if device.type != "cpu" or config.layout.staging is not None:
             self._bind_step(config)
         self._params = policy.state_dict(keep_vars=True)
@@ -250,8 +253,29 @@ class LocalEnd(WorkerEnd):
         self._step_versions[flat] = version
         self._board.record(self.index, rows, time.perf_counter_ns() - start)
 
+    def copier(self) -> RowCopier | None:
+        """Where the step gathers from page-locked staging cells on a GPU, a copier that
+        writes the observations of finished transitions from those cells into the chunk
+        on that GPU (``inference/row_copy.py``), built once; else None."""
+        if self._copier is not None:
+            return self._copier
+        step, staged = self._step, self.buffers.get((STAGED, "rows"))
+        if step is None or staged is None or not step.device_rings:
+            return None
+        sources = {("observation", *path): step.device_rings[path] for path in self._paths}
+        targets: dict[Key, np.ndarray] = {}
+        for path in self._paths:
+            for key in (("observation", *path), ("next", "observation", *path)):
+                field = self.buffers[key]  # [positions, envs, *shape]: chunk order as rows
+                targets[key] = field.reshape(-1, *field.shape[2:])
+        capacity = 4 * len(self._paths) * staged.shape[1]  # two results' rows, both copies
+        self._copier = DeviceRowCopier.build(self._device, sources, targets, capacity)
+        return self._copier
+
     def close(self) -> None:
-        """Release what the action step holds (page-locked ring cells)."""
+        """Release what the action step and the copier hold (page-locked memory)."""
+        if self._copier is not None:
+            self._copier.close()
         if self._step is not None:
             self._step.close()
 

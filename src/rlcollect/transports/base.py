@@ -55,12 +55,30 @@ from rlcollect.transports.layout import Key, RingLayout
 
 __all__ = [
     "RequestEnd",
+    "RowCopier",
     "ServerEnd",
     "Transport",
     "WorkerEnd",
     "WorkerProgram",
     "failure_from_exception",
 ]
+
+
+class RowCopier(ABC):
+    """Copies observation rows from a worker's staging cells into its chunk, off the
+    worker's CPU (its own GPU: ``inference/row_copy.py``). A copy runs after
+    :meth:`gather` returns; the CPU must neither write the cells it reads nor hand over
+    the rows it writes before :meth:`wait` has returned."""
+
+    @abstractmethod
+    def gather(self, source: Key, cells: np.ndarray, target: Key, start: int) -> None:
+        """Start copying cells ``cells`` of the staged field ``source`` (staging keys
+        without their first name) into rows ``start … start + len(cells) - 1`` of the
+        chunk field ``target`` (the worker's rows in chunk order, as ``[rows, *shape]``)."""
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block until every copy started so far has landed."""
 
 
 class WorkerEnd(ABC):
@@ -127,6 +145,12 @@ class WorkerEnd(ABC):
     #: policy run by the worker: ``inference_backend="worker"``), so a worker loop may
     #: act on them at once; transports' ends leave it False.
     answers_in_request: ClassVar[bool] = False
+
+    def copier(self) -> RowCopier | None:
+        """Something that copies staged observations into the chunk for the worker (a
+        vector-env worker on an end that answers its own requests on a GPU), or None:
+        the worker copies them itself. Transports' ends return None."""
+        return None
 
     @abstractmethod
     def request(self, position: int) -> None:
