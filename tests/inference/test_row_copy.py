@@ -42,25 +42,24 @@ def cells():
     unmap_host(array.ctypes.data)
 
 
-def test_rows_land_where_gather_says_once_waited(cells):
+def test_rows_land_where_copy_says_once_waited(cells):
     array, view = cells
-    obs, nxt = page_array((10, 3, 5, 7), np.uint8), page_array((10, 3, 5, 7), np.uint8)
-    copier = DeviceRowCopier.build(
-        CUDA, {("observation",): view}, {("observation",): obs, ("next", "observation"): nxt}, 8
-    )
+    obs, nxt = page_array((14, 3, 5, 7), np.uint8), page_array((14, 3, 5, 7), np.uint8)
+    copier = DeviceRowCopier.build(CUDA, [(view, obs, nxt)], 4)  # graphs of 1, 2, 4 rows
     assert copier is not None
     try:
-        first, second = np.array([3, 11, 0]), np.array([7, 7, 2, 5])
-        copier.gather(("observation",), first, ("observation",), 2)
-        copier.gather(("observation",), second, ("next", "observation"), 5)
-        # The index holds 8 numbers: this gather waits for the two before, then reuses it.
-        copier.gather(("observation",), np.array([1, 4]), ("observation",), 8)
+        # 3 rows: the graph of 4 runs, its padding row writes row 4 again, never row 5.
+        copier.copy(np.array([3, 11, 0]), np.array([7, 7, 2]), 2)
+        # 6 rows: more than one replay holds, so two turns; the second waits for the
+        # first, whose index it rewrites.
+        copier.copy(np.arange(6), np.arange(11, 5, -1), 6)
         copier.wait()
-        np.testing.assert_array_equal(obs[2:5], array[first])
-        np.testing.assert_array_equal(nxt[5:9], array[second])
-        np.testing.assert_array_equal(obs[8:10], array[[1, 4]])
-        assert not obs[:2].any() and not obs[5:8].any(), "rows outside the runs were written"
-        assert not nxt[:5].any() and not nxt[9:].any(), "rows outside the runs were written"
+        np.testing.assert_array_equal(obs[2:5], array[[3, 11, 0]])
+        np.testing.assert_array_equal(nxt[2:5], array[[7, 7, 2]])
+        np.testing.assert_array_equal(obs[6:12], array[np.arange(6)])
+        np.testing.assert_array_equal(nxt[6:12], array[np.arange(11, 5, -1)])
+        for rows in (slice(0, 2), slice(5, 6), slice(12, 14)):
+            assert not obs[rows].any() and not nxt[rows].any(), f"rows {rows} were written"
     finally:
         copier.close()
     copier.close()  # idempotent
@@ -72,8 +71,7 @@ def test_a_chunk_that_cannot_be_mapped_gives_no_copier_and_keeps_nothing_locked(
     taken = map_host(nxt, CUDA)  # registered already: a second registration is refused
     assert taken is not None
     try:
-        targets = {("observation",): obs, ("next", "observation"): nxt}
-        assert DeviceRowCopier.build(CUDA, {("observation",): view}, targets, 8) is None
+        assert DeviceRowCopier.build(CUDA, [(view, obs, nxt)], 4) is None
     finally:
         unmap_host(nxt.ctypes.data)
     # obs, registered before nxt was refused, was released: it maps again.
@@ -88,13 +86,13 @@ def test_a_vector_worker_on_the_gpu_copies_every_observation_there(monkeypatch):
     # The worker is a thread of this process (transport="thread"), so its copier's
     # calls are seen here; the data must be whole and each env's stream exact.
     calls = {"rows": 0}
-    gather = DeviceRowCopier.gather
+    copy = DeviceRowCopier.copy
 
-    def counted(self, source, rows, target, start):
-        calls["rows"] += len(rows)
-        gather(self, source, rows, target, start)
+    def counted(self, cells, next_cells, start):
+        calls["rows"] += len(cells)
+        copy(self, cells, next_cells, start)
 
-    monkeypatch.setattr(DeviceRowCopier, "gather", counted)
+    monkeypatch.setattr(DeviceRowCopier, "copy", counted)
     env = functools.partial(CountingVectorEnv, 0, 8, 4, order_seed=3)
     with AsyncBatchedCollector(
         [env],
@@ -107,6 +105,6 @@ def test_a_vector_worker_on_the_gpu_copies_every_observation_there(monkeypatch):
     ) as c:
         data = collect(c)
     check_counting_streams(data)
-    # Two copies (observation, next observation) of every transition collected, at
-    # least: a slot's rows may be copied before the collector stops taking them.
-    assert calls["rows"] >= 2 * len(data)
+    # Every transition collected, at least: a slot's rows may be copied before the
+    # collector stops taking them.
+    assert calls["rows"] >= len(data)

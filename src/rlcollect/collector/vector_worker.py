@@ -593,9 +593,7 @@ class _VectorLoop:
                 for key, leaf in zip(self.next_keys, leaves, strict=True):
                     np.take(leaf, n, axis=0, out=chunk[key][dst], mode="clip")
             else:  # leaves are the staging fields (the early path)
-                for key, next_key in zip(self.obs_keys, self.next_keys, strict=True):
-                    self.copier.gather(key, cells[taken : taken + count], key, start)
-                    self.copier.gather(key, n, next_key, start)
+                self.copier.copy(cells[taken : taken + count], n, start)
             chunk[("env_index",)][dst] = self.offset + c
             chunk[("episode",)][dst] = self.episode[c]
             chunk[("step",)][dst] = self.step[c]

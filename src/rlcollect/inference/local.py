@@ -262,14 +262,16 @@ class LocalEnd(WorkerEnd):
         step, staged = self._step, self.buffers.get((STAGED, "rows"))
         if step is None or staged is None or not step.device_rings:
             return None
-        sources = {("observation", *path): step.device_rings[path] for path in self._paths}
-        targets: dict[Key, np.ndarray] = {}
+        fields = []
         for path in self._paths:
-            for key in (("observation", *path), ("next", "observation", *path)):
-                field = self.buffers[key]  # [positions, envs, *shape]: chunk order as rows
-                targets[key] = field.reshape(-1, *field.shape[2:])
-        capacity = 4 * len(self._paths) * staged.shape[1]  # two results' rows, both copies
-        self._copier = DeviceRowCopier.build(self._device, sources, targets, capacity)
+            # The chunk's fields, [positions, envs, *shape], seen as rows in chunk order.
+            obs, nxt = (
+                self.buffers[key].reshape(-1, *self.buffers[key].shape[2:])
+                for key in (("observation", *path), ("next", "observation", *path))
+            )
+            fields.append((step.device_rings[path], obs, nxt))
+        # A result finishes at most one transition per column of its request.
+        self._copier = DeviceRowCopier.build(self._device, fields, staged.shape[-1])
         return self._copier
 
     def close(self) -> None:

@@ -65,16 +65,17 @@ __all__ = [
 
 
 class RowCopier(ABC):
-    """Copies observation rows from a worker's staging cells into its chunk, off the
-    worker's CPU (its own GPU: ``inference/row_copy.py``). A copy runs after
-    :meth:`gather` returns; the CPU must neither write the cells it reads nor hand over
-    the rows it writes before :meth:`wait` has returned."""
+    """Copies finished transitions' observations from a worker's staging cells into
+    its chunk, off the worker's CPU (its own GPU: ``inference/row_copy.py``). A copy
+    runs after :meth:`copy` returns; the CPU must neither write the cells it reads nor
+    hand over the rows it writes before :meth:`wait` has returned."""
 
     @abstractmethod
-    def gather(self, source: Key, cells: np.ndarray, target: Key, start: int) -> None:
-        """Start copying cells ``cells`` of the staged field ``source`` (staging keys
-        without their first name) into rows ``start … start + len(cells) - 1`` of the
-        chunk field ``target`` (the worker's rows in chunk order, as ``[rows, *shape]``)."""
+    def copy(self, cells: np.ndarray, next_cells: np.ndarray, start: int) -> None:
+        """Start copying, for every observation field, the staging cells ``cells`` into
+        the chunk's observation rows ``start … start + len(cells) - 1`` (the worker's
+        rows in chunk order), and the cells ``next_cells`` into the same rows of the
+        next observation."""
 
     @abstractmethod
     def wait(self) -> None:
