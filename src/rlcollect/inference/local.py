@@ -42,6 +42,7 @@ envs returned, so a seeded run repeats each env's stream exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -144,6 +145,7 @@ class LocalEnd(WorkerEnd):
         )
         self._step: ActionStep | None = None
         self._copier: DeviceRowCopier | None = None
+        self._own_process = own_process
         self._paths = config.observation_paths
         if device.type != "cpu" or config.layout.staging is not None:
             self._bind_step(config)
@@ -256,11 +258,14 @@ class LocalEnd(WorkerEnd):
     def copier(self) -> RowCopier | None:
         """Where the step gathers from page-locked staging cells on a GPU, a copier that
         writes the observations of finished transitions from those cells into the chunk
-        on that GPU (``inference/row_copy.py``), built once; else None."""
+        on that GPU (``inference/row_copy.py``), built once; else None. Only in a worker
+        process of its own: the copier captures CUDA graphs, and CUDA work of another
+        thread of the process (other workers as threads) can break a capture, as it
+        does the step's graphs (which need worker processes too)."""
         if self._copier is not None:
             return self._copier
         step, staged = self._step, self.buffers.get((STAGED, "rows"))
-        if step is None or staged is None or not step.device_rings:
+        if step is None or staged is None or not step.device_rings or not self._own_process:
             return None
         fields = []
         for path in self._paths:
@@ -271,7 +276,8 @@ class LocalEnd(WorkerEnd):
             )
             fields.append((step.device_rings[path], obs, nxt))
         # A result finishes at most one transition per column of its request.
-        self._copier = DeviceRowCopier.build(self._device, fields, staged.shape[-1])
+        counted = functools.partial(self._board.record_copied, self.index)
+        self._copier = DeviceRowCopier.build(self._device, fields, staged.shape[-1], counted)
         return self._copier
 
     def close(self) -> None:

@@ -40,7 +40,7 @@ Why it is safe:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -69,8 +69,10 @@ class DeviceRowCopier(RowCopier):
         index: np.ndarray,
         stream: torch.cuda.Stream,
         mapped: list[int],
+        counted: Callable[[int], None],
     ) -> None:
         self._graphs = graphs
+        self._counted = counted
         sizes = sorted(graphs)
         self._most = sizes[-1]
         # The padded size of k rows, and the numbers 0 … most - 1 (the rows' offsets).
@@ -84,10 +86,15 @@ class DeviceRowCopier(RowCopier):
 
     @classmethod
     def build(
-        cls, device: torch.device, fields: Sequence[Observation], most: int
+        cls,
+        device: torch.device,
+        fields: Sequence[Observation],
+        most: int,
+        counted: Callable[[int], None],
     ) -> DeviceRowCopier | None:
         """A copier for ``fields`` that copies up to ``most`` rows per graph replay
-        (more are copied in turns); None where something cannot be mapped."""
+        (more are copied in turns) and tells ``counted`` how many rows each copy
+        holds; None where something cannot be mapped."""
         sizes = [1]
         while sizes[-1] < most:
             sizes.append(sizes[-1] * 2)
@@ -123,7 +130,7 @@ class DeviceRowCopier(RowCopier):
             for address in mapped:
                 unmap_host(address)
             raise
-        return cls(graphs, index, stream, mapped)
+        return cls(graphs, index, stream, mapped, counted)
 
     def copy(self, cells: np.ndarray, next_cells: np.ndarray, start: int) -> None:
         n = len(cells)
@@ -143,6 +150,7 @@ class DeviceRowCopier(RowCopier):
                 self._graphs[size].replay()
             self._pending = True
             done += k
+        self._counted(n)
 
     def wait(self) -> None:
         if self._pending:
