@@ -22,6 +22,9 @@ Probes:
                      worker's sums in $RLCOLLECT_PROBE_DIR/phases-<pid>.json;
                      RLCOLLECT_PROBE_HOST_GATHER=1 has the policy in the worker gather
                      on the host (no page-locked ring)
+    row_copy         a vector-env worker with its policy on a GPU has that GPU copy the
+                     finished transitions' observations into the chunk (not adopted:
+                     results/archive/h200/row_copy/README.txt)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is

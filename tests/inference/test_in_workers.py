@@ -268,7 +268,6 @@ def test_vector_envs_act_in_their_workers(transport, kind):
     ) as c:
         data = collect(c)
         assert c.stats()["server"]["batches"] > 0
-        assert c.stats()["server"]["rows_copied_on_device"] == 0  # the policy is on the CPU
     assert data.batch_size[0] == 960
     check_counting_streams(data)
     assert (data["policy_version"] == 0).all()

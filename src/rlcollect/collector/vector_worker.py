@@ -30,12 +30,7 @@ that path only what the actions need runs before the send (the observations' che
 the staging, the request); the check that each returned sub-env had a step under way,
 and the search for finished transitions, run after it: the sub-envs of a result idle
 until their actions arrive, and each numpy call there costs microseconds on a host
-whose cores all step sub-envs. Where that policy runs on a GPU that gathers from
-page-locked staging cells, the GPU also copies each finished transition's observation
-and next observation out of the cells into the chunk (the end's ``copier``,
-``inference/row_copy.py``): the worker's CPU would otherwise copy two observations per
-transition while the env's threads want every core. Those copies land before a cell
-they read is staged into again and before the slot they write is handed over.
+whose cores all step sub-envs.
 
 Why staging: a result names an arbitrary subset of sub-envs, so the columns of a
 request do not line up with per-env chunk columns (see ``transports/layout.py``). The
@@ -78,7 +73,6 @@ in group order. The first requests also wait for the first round's go-ahead.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -102,11 +96,8 @@ class _Rows:
     batch comes back whenever the caller lets go of it: ``collector/loans.py``), else
     the next in turn."""
 
-    def __init__(
-        self, end: WorkerEnd, rows_per_slot: int, slots: int, settle: Callable[[], None] | None
-    ) -> None:
+    def __init__(self, end: WorkerEnd, rows_per_slot: int, slots: int) -> None:
         self._end = end
-        self._settle = settle  # called before a slot is handed over: its rows have landed
         self._per_slot = rows_per_slot
         self._slots = slots
         self._slot = 0
@@ -126,8 +117,6 @@ class _Rows:
         """``count`` rows from the start :meth:`take` gave are written."""
         self._filled += count
         if self._filled == self._per_slot:
-            if self._settle is not None:
-                self._settle()
             self._end.hand_over(self._slot)
             self._filled = 0
             given = self._end.wait_slot()
@@ -310,6 +299,7 @@ class _VectorLoop:
         self.obs_keys = [observation_key(p) for p in self.paths]
         self.next_keys = [observation_key(p, nxt=True) for p in self.paths]
         self.copied: list[Key] = list(self.staged)  # the observations and the outputs
+        self.rows = _Rows(end, spec.chunk_steps * k, spec.slots)
         self.episode = np.zeros(k, np.int64)
         self.step = np.zeros(k, np.int64)
         self.pending = np.zeros(k, bool)  # a transition is under way (obs staged, action sent)
@@ -334,17 +324,6 @@ class _VectorLoop:
             for d in self.drivers
         ]
         self.sent = [False] * len(self.drivers)  # actions already sent; only recv is due
-        # Where the worker's own GPU gathers its requests from mapped staging cells, it
-        # also copies the finished transitions' observations from them into the chunk
-        # (inference/row_copy.py). Only on the early path: there finish reads the next
-        # observations from the cells too, not from the env's arrays. Its protocol: the
-        # copies land before a cell they read is staged into again (_receive_early
-        # waits first) and before a slot they write is handed over (_Rows waits first).
-        self.copier = end.copier() if all(self.early) else None
-        if self.copier is not None:
-            self.copied = [key for key in self.copied if key not in self.obs_keys]
-        settle = None if self.copier is None else self.copier.wait
-        self.rows = _Rows(end, spec.chunk_steps * k, spec.slots, settle)
 
     def run(self) -> None:
         self.rows.begin()
@@ -419,8 +398,6 @@ class _VectorLoop:
         anything that can wait. Between a result and its actions its sub-envs idle,
         and the worker's every numpy call there, tens of microseconds on a loaded host,
         is on that path; the result's checks and the finish come after the send."""
-        if self.copier is not None:
-            self.copier.wait()  # the cells about to be staged into may be read by a copy
         old_cells, new_cells = self._stage(g, driver, cols, leaves, None)
         self.end.request(g)
         # From the send on, the env's threads step the sub-envs and may reuse the arrays
@@ -589,11 +566,8 @@ class _VectorLoop:
                     mode="clip",
                 )
             n = next_rows[taken : taken + count]
-            if self.copier is None:
-                for key, leaf in zip(self.next_keys, leaves, strict=True):
-                    np.take(leaf, n, axis=0, out=chunk[key][dst], mode="clip")
-            else:  # leaves are the staging fields (the early path)
-                self.copier.copy(cells[taken : taken + count], n, start)
+            for key, leaf in zip(self.next_keys, leaves, strict=True):
+                np.take(leaf, n, axis=0, out=chunk[key][dst], mode="clip")
             chunk[("env_index",)][dst] = self.offset + c
             chunk[("episode",)][dst] = self.episode[c]
             chunk[("step",)][dst] = self.step[c]

@@ -5,8 +5,7 @@ With ``inference_backend="worker"`` each env worker runs its own copy of the pol
 shared-memory segment::
 
     offset 0        header   int64[8]: [0] the version of the weights in the slot
-    stats_offset    stats    int64[num_workers, 4]: forwards, rows, nanoseconds, rows whose
-                             observations the worker's GPU copied (worker w's row)
+    stats_offset    stats    int64[num_workers, 3]: forwards, rows, nanoseconds (worker w's row)
     hist_offset     latency  int64[num_workers, 1024]: forwards by whole microseconds
     slot_offset     slot     every tensor of the policy's state_dict (``WeightsLayout``)
 
@@ -64,7 +63,7 @@ from rlcollect.processes import attach_segment, create_segment, release_mapping,
 __all__ = ["LATENCY_BINS", "WeightsBoard"]
 
 _HEADER = 8  # int64 words
-_STATS = 4  # forwards, rows, nanoseconds, rows copied by the GPU (row_copy.py)
+_STATS = 3  # forwards, rows, nanoseconds
 LATENCY_BINS = 1024  # whole microseconds; the last bin holds everything slower
 _ALIGN = 64
 _FLOCK = struct.Struct("hhqqi4x")  # Linux's struct flock: type, whence, start, len, pid
@@ -210,11 +209,6 @@ class WeightsBoard:
         stats[row + 2] += nanoseconds
         self._latency_cells[worker * LATENCY_BINS + min(nanoseconds // 1000, LATENCY_BINS - 1)] += 1
 
-    def record_copied(self, worker: int, rows: int) -> None:
-        """Count ``rows`` transitions whose observations the worker's GPU copied into its
-        chunk (``inference/row_copy.py``)."""
-        self._stats_cells[worker * _STATS + 3] += rows
-
     # ------------------------------------------------------------------ locks
 
     def _lock(self, worker: int) -> bool:
@@ -233,9 +227,8 @@ class WeightsBoard:
         fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, unlock)
 
     def summary(self) -> dict[str, Any]:
-        """Forwards, rows, latency percentiles and rows copied by the GPU over every
-        worker (the driver's view)."""
-        forwards, rows, ns, copied = (int(x) for x in self.stats.sum(axis=0))
+        """Forwards, rows and latency percentiles over every worker (the driver's view)."""
+        forwards, rows, ns = (int(x) for x in self.stats.sum(axis=0))
         hist = self.latency.sum(axis=0)
         total = int(hist.sum())
         p50 = p95 = 0.0
@@ -244,11 +237,4 @@ class WeightsBoard:
             # bin b holds forwards of [b, b + 1) µs: report its middle
             p50 = (int(np.searchsorted(cumulative, 0.5 * total)) + 0.5) * 1e-6
             p95 = (int(np.searchsorted(cumulative, 0.95 * total)) + 0.5) * 1e-6
-        return {
-            "forwards": forwards,
-            "rows": rows,
-            "seconds": ns / 1e9,
-            "p50": p50,
-            "p95": p95,
-            "copied": copied,
-        }
+        return {"forwards": forwards, "rows": rows, "seconds": ns / 1e9, "p50": p50, "p95": p95}

@@ -109,11 +109,8 @@ class WorkerInference(InferenceBackend):
             self._board = None
 
     def stats(self) -> dict[str, Any]:
-        """Forwards (``batches``), rows, mean rows per forward, time in the forwards,
-        the p50/p95 of a request's time in its worker (to the microsecond), and the
-        transitions whose observations the workers' GPU copied into the chunk
-        (``rows_copied_on_device``: vector envs in worker processes, policy on a GPU;
-        ``inference/row_copy.py``)."""
+        """Forwards (``batches``), rows, mean rows per forward, time in the forwards and
+        the p50/p95 of a request's time in its worker (to the microsecond)."""
         if self._board is None:
             return dict(self._last_stats)
         s = self._board.summary()
@@ -128,5 +125,4 @@ class WorkerInference(InferenceBackend):
             "request_latency_p50": s["p50"],
             "request_latency_p95": s["p95"],
             "gathers_on_device": False,
-            "rows_copied_on_device": s["copied"],
         }

@@ -42,7 +42,6 @@ envs returned, so a seeded run repeats each env's stream exactly.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from dataclasses import dataclass
@@ -57,11 +56,10 @@ from rlcollect.inference.board import WeightsBoard
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.process import InferenceConfig
 from rlcollect.inference.rng import PolicyRng, policy_rng
-from rlcollect.inference.row_copy import DeviceRowCopier
 from rlcollect.inference.server import check_output, scatter_outputs
 from rlcollect.inference.step import ActionStep, build_action_step
 from rlcollect.processes import unlink_segment
-from rlcollect.transports.base import RowCopier, WorkerEnd
+from rlcollect.transports.base import WorkerEnd
 from rlcollect.transports.layout import STAGED, Key, request_rows
 
 __all__ = ["LocalEnd", "LocalPolicy", "run_local_worker"]
@@ -144,9 +142,6 @@ class LocalEnd(WorkerEnd):
             policy, device=device, observation_paths=config.observation_paths
         )
         self._step: ActionStep | None = None
-        self._copier: DeviceRowCopier | None = None
-        self._own_process = own_process
-        self._paths = config.observation_paths
         if device.type != "cpu" or config.layout.staging is not None:
             self._bind_step(config)
         self._params = policy.state_dict(keep_vars=True)
@@ -255,35 +250,8 @@ class LocalEnd(WorkerEnd):
         self._step_versions[flat] = version
         self._board.record(self.index, rows, time.perf_counter_ns() - start)
 
-    def copier(self) -> RowCopier | None:
-        """Where the step gathers from page-locked staging cells on a GPU, a copier that
-        writes the observations of finished transitions from those cells into the chunk
-        on that GPU (``inference/row_copy.py``), built once; else None. Only in a worker
-        process of its own: the copier captures CUDA graphs, and CUDA work of another
-        thread of the process (other workers as threads) can break a capture, as it
-        does the step's graphs (which need worker processes too)."""
-        if self._copier is not None:
-            return self._copier
-        step, staged = self._step, self.buffers.get((STAGED, "rows"))
-        if step is None or staged is None or not step.device_rings or not self._own_process:
-            return None
-        fields = []
-        for path in self._paths:
-            # The chunk's fields, [positions, envs, *shape], seen as rows in chunk order.
-            obs, nxt = (
-                self.buffers[key].reshape(-1, *self.buffers[key].shape[2:])
-                for key in (("observation", *path), ("next", "observation", *path))
-            )
-            fields.append((step.device_rings[path], obs, nxt))
-        # A result finishes at most one transition per column of its request.
-        counted = functools.partial(self._board.record_copied, self.index)
-        self._copier = DeviceRowCopier.build(self._device, fields, staged.shape[-1], counted)
-        return self._copier
-
     def close(self) -> None:
-        """Release what the action step and the copier hold (page-locked memory)."""
-        if self._copier is not None:
-            self._copier.close()
+        """Release what the action step holds (page-locked ring cells)."""
         if self._step is not None:
             self._step.close()
 

@@ -56,7 +56,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlcollect.inference.mapped import map_host, unmap_host
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.recurrent import StateStore
 from rlcollect.inference.rng import DeviceRng, HostRng
@@ -93,12 +92,6 @@ class ActionStep(ABC):
     def gathers_on_device(self) -> bool:
         """True when batches are gathered on the GPU from the page-locked ring."""
         return False
-
-    @property
-    def device_rings(self) -> Mapping[Path, torch.Tensor]:
-        """The ring's observation fields as the GPU sees them (page-locked by
-        ``attach``), by path; empty where batches are gathered on the host."""
-        return {}
 
     def attach(self, rings: Mapping[Path, np.ndarray]) -> None:
         """Bind to the ring: each observation field as ``[rows, *shape]``."""
@@ -238,10 +231,6 @@ class DeviceStep(ActionStep):
     def gathers_on_device(self) -> bool:
         return bool(self._ring_views)
 
-    @property
-    def device_rings(self) -> Mapping[Path, torch.Tensor]:
-        return self._ring_views
-
     def seed(self, seed: int) -> None:
         self._rng.reseed(seed)
 
@@ -253,7 +242,7 @@ class DeviceStep(ActionStep):
         if not register:
             return
         for path, ring in rings.items():
-            view = map_host(ring, self._device)
+            view = _register(ring, self._device)
             if view is None:  # refused (not pinnable here): gather on the host instead
                 self.close()
                 self._ring_views = {}
@@ -273,8 +262,9 @@ class DeviceStep(ActionStep):
 
     def close(self) -> None:
         self._whole = {}  # they read the registered ring: never replayed past this point
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
         for ptr in self._registered:
-            unmap_host(ptr)
+            cudart.cudaHostUnregister(ptr)
         self._registered = []
 
     def _copy_up(self, rows: int) -> None:
@@ -362,6 +352,18 @@ class DeviceStep(ActionStep):
         raise ValueError(f"batch of {rows} rows exceeds the step's capacity {self.capacity}")
 
 
+class _CudaArray:
+    """A page-locked, mapped host range, presented to torch as CUDA memory (UVA)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": array.shape,
+            "typestr": array.dtype.str,
+            "data": (array.ctypes.data, False),
+            "version": 3,
+        }
+
+
 def _check_outputs(out: Mapping[Key, torch.Tensor], fields: Mapping[Key, torch.Tensor]) -> None:
     """Each output still fits its ring field (``fields``: a tensor of the field's dtype
     and per-env shape): a float where the probe returned integers would be truncated
@@ -378,6 +380,38 @@ def _check_outputs(out: Mapping[Key, torch.Tensor], fields: Mapping[Key, torch.T
                 f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when the "
                 "collector was built; a cast would lose what it holds"
             )
+
+
+def _register(array: np.ndarray, device: torch.device) -> torch.Tensor | None:
+    """Page-lock ``array`` (contiguous, page-aligned) and view it from the GPU, or None."""
+    if not array.flags.c_contiguous:
+        return None
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    mapped_portable = 0x02 | 0x01  # cudaHostRegisterMapped | cudaHostRegisterPortable
+    if int(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, mapped_portable)) != 0:
+        # The refusal stays as the thread's last CUDA error, which torch would report
+        # at its next launch as that launch's failure: clear it, then gather on the host.
+        _clear_last_cuda_error()
+        return None
+    try:
+        return torch.as_tensor(_CudaArray(array), device=device)
+    except Exception:
+        cudart.cudaHostUnregister(array.ctypes.data)
+        return None
+
+
+def _clear_last_cuda_error() -> None:
+    """Reset this thread's last CUDA runtime error (``cudaGetLastError``), through the
+    runtime library torch loaded: torch's own bindings do not offer the call."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    for path in paths:
+        try:
+            ctypes.CDLL(path).cudaGetLastError()
+        except (OSError, AttributeError):
+            continue
 
 
 def _torch_dtype(field: Field) -> torch.dtype:

@@ -55,31 +55,12 @@ from rlcollect.transports.layout import Key, RingLayout
 
 __all__ = [
     "RequestEnd",
-    "RowCopier",
     "ServerEnd",
     "Transport",
     "WorkerEnd",
     "WorkerProgram",
     "failure_from_exception",
 ]
-
-
-class RowCopier(ABC):
-    """Copies finished transitions' observations from a worker's staging cells into
-    its chunk, off the worker's CPU (its own GPU: ``inference/row_copy.py``). A copy
-    runs after :meth:`copy` returns; the CPU must neither write the cells it reads nor
-    hand over the rows it writes before :meth:`wait` has returned."""
-
-    @abstractmethod
-    def copy(self, cells: np.ndarray, next_cells: np.ndarray, start: int) -> None:
-        """Start copying, for every observation field, the staging cells ``cells`` into
-        the chunk's observation rows ``start … start + len(cells) - 1`` (the worker's
-        rows in chunk order), and the cells ``next_cells`` into the same rows of the
-        next observation."""
-
-    @abstractmethod
-    def wait(self) -> None:
-        """Block until every copy started so far has landed."""
 
 
 class WorkerEnd(ABC):
@@ -146,12 +127,6 @@ class WorkerEnd(ABC):
     #: policy run by the worker: ``inference_backend="worker"``), so a worker loop may
     #: act on them at once; transports' ends leave it False.
     answers_in_request: ClassVar[bool] = False
-
-    def copier(self) -> RowCopier | None:
-        """Something that copies staged observations into the chunk for the worker (a
-        vector-env worker on an end that answers its own requests on a GPU), or None:
-        the worker copies them itself. Transports' ends return None."""
-        return None
 
     @abstractmethod
     def request(self, position: int) -> None:
