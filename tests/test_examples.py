@@ -319,6 +319,23 @@ def test_vector_worker_profile_experiment(tmp_path):
     assert report["env_only"][0]["fps"] > 0
 
 
+def test_interleaved_vector_experiment(tmp_path):
+    run(
+        "benchmarks/experiments/interleaved_vector.py",
+        *("--envs", "4", "--batch", "2", "--threads", "1", "--policy", "noop"),
+        *("--cycles", "3", "--window", "0.2", "--lead", "0.1", "--frames-per-batch", "64"),
+        *("--out", str(tmp_path)),
+    )
+    report = json.loads((tmp_path / "interleaved_vector.json").read_text())
+    cycles = report["cycles"]
+    # every configuration ran in every cycle, each first once in three cycles
+    assert [c["order"][0] for c in cycles] == ["env_only", "hand_loop", "collector"]
+    for c in cycles:
+        assert all(fps > 0 for fps in c["fps"].values()), c
+        assert c["ratios"]["collector/hand_loop"] == c["fps"]["collector"] / c["fps"]["hand_loop"]
+    assert 0 <= report["summary"]["collector_ahead_of_hand_loop"] <= 3
+
+
 @pytest.mark.slow
 def test_worker_splits_benchmark(tmp_path):
     out_file = tmp_path / "splits.json"
