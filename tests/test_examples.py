@@ -333,7 +333,9 @@ def test_interleaved_vector_experiment(tmp_path):
     for c in cycles:
         assert all(fps > 0 for fps in c["fps"].values()), c
         assert c["ratios"]["collector/hand_loop"] == c["fps"]["collector"] / c["fps"]["hand_loop"]
-    assert 0 <= report["summary"]["collector_ahead_of_hand_loop"] <= 3
+    ahead = sum(c["ratios"]["collector/hand_loop"] > 1 for c in cycles)
+    assert report["summary"]["collector_ahead_of_hand_loop"] == ahead
+    assert report["summary"]["cycles"] == 3
 
 
 @pytest.mark.slow

@@ -85,60 +85,62 @@ def main() -> None:
     n, b, t = args.envs, args.batch, args.threads
 
     alone, hand = make_atari_vector(n, b, t), make_atari_vector(n, b, t)
-    actions = alone.single_action_space.n
-    rng = np.random.default_rng(0)
-    alone.reset(seed=0)
-    alone.send(rng.integers(0, actions, b))
-    act = at.GraphedStep(at._policy(actions, args.policy).to(device), b, device)
-    obs, _ = hand.reset(seed=1)
-    hand.send(act(obs))
-
-    def step_alone() -> int:
-        alone.recv()
+    try:
+        actions = alone.single_action_space.n
+        rng = np.random.default_rng(0)
+        alone.reset(seed=0)
         alone.send(rng.integers(0, actions, b))
-        return b
+        act = at.GraphedStep(at._policy(actions, args.policy).to(device), b, device)
+        obs, _ = hand.reset(seed=1)
+        hand.send(act(obs))
 
-    def step_hand() -> int:
-        hand.send(act(hand.recv()[0]))
-        return b
+        def step_alone() -> int:
+            alone.recv()
+            alone.send(rng.integers(0, actions, b))
+            return b
 
-    transport = ProcessSlotTransport()
-    with AsyncBatchedCollector(
-        [functools.partial(make_atari_vector, n, b, t)],
-        at._policy(actions, args.policy),
-        frames_per_batch=args.frames_per_batch,
-        total_frames=-1,
-        transport=transport,
-        policy_device=device,
-        cuda_graph=device.type == "cuda",
-        inference_backend=args.backend,
-    ) as c:
-        batches = iter(c)
-        next(batches)
+        def step_hand() -> int:
+            hand.send(act(hand.recv()[0]))
+            return b
 
-        def collector_fps(lead: float, seconds: float) -> float:
-            t_end = time.perf_counter() + lead
-            while time.perf_counter() < t_end:
-                next(batches)
-            rows0, t0 = c.stats()["server"]["rows"], time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                next(batches)
-            return (c.stats()["server"]["rows"] - rows0) / (time.perf_counter() - t0)
+        transport = ProcessSlotTransport()
+        with AsyncBatchedCollector(
+            [functools.partial(make_atari_vector, n, b, t)],
+            at._policy(actions, args.policy),
+            frames_per_batch=args.frames_per_batch,
+            total_frames=-1,
+            transport=transport,
+            policy_device=device,
+            cuda_graph=device.type == "cuda",
+            inference_backend=args.backend,
+        ) as c:
+            batches = iter(c)
+            next(batches)
 
-        runs: dict[str, Callable[[], float]] = {
-            "env_only": lambda: window(step_alone, args.lead, args.window),
-            "hand_loop": lambda: window(step_hand, args.lead, args.window),
-            "collector": lambda: collector_fps(args.lead, args.window),
-        }
-        cycles = []
-        for k in range(args.cycles):
-            order = NAMES[k % 3 :] + NAMES[: k % 3]
-            fps = {name: runs[name]() for name in order}
-            cycle = {"order": list(order), "fps": fps, "ratios": ratios(fps)}
-            cycles.append(cycle)
-            print(json.dumps(cycle), flush=True)
-    for env in (alone, hand):
-        env.close()
+            def collector_fps(lead: float, seconds: float) -> float:
+                t_end = time.perf_counter() + lead
+                while time.perf_counter() < t_end:
+                    next(batches)
+                rows0, t0 = c.stats()["server"]["rows"], time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    next(batches)
+                return (c.stats()["server"]["rows"] - rows0) / (time.perf_counter() - t0)
+
+            runs: dict[str, Callable[[], float]] = {
+                "env_only": lambda: window(step_alone, args.lead, args.window),
+                "hand_loop": lambda: window(step_hand, args.lead, args.window),
+                "collector": lambda: collector_fps(args.lead, args.window),
+            }
+            cycles = []
+            for k in range(args.cycles):
+                order = NAMES[k % 3 :] + NAMES[: k % 3]
+                fps = {name: runs[name]() for name in order}
+                cycle = {"order": list(order), "fps": fps, "ratios": ratios(fps)}
+                cycles.append(cycle)
+                print(json.dumps(cycle), flush=True)
+    finally:
+        for env in (alone, hand):
+            env.close()
     report = {"config": vars(args), "cycles": cycles, "summary": summary(cycles)}
     print(json.dumps(report["summary"], indent=1))
     if args.out:
