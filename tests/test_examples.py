@@ -313,9 +313,13 @@ def test_vector_worker_profile_experiment(tmp_path):
         steps = result["worker_us_per_batch"]
         assert steps["send"] > 0 and steps["recv"] > 0 and steps["recv_to_send"] > 0, series
         assert steps["send_to_recv"] > 0, series  # the transitions written meanwhile
+        # The driving thread's run-queue waits (schedstat), per window.
+        for window in ("recv", "recv_to_send", "send_to_recv"):
+            assert steps[f"{window}_queued"] >= 0, (series, window)
         assert result["server_us_per_batch"]["forward"] > 0, series
     [hand] = report["hand_loop"]
     assert hand["fps"] > 0 and hand["worker_us_per_batch"]["recv_to_send"] > 0
+    assert hand["worker_us_per_batch"]["recv_to_send_queued"] >= 0
     assert report["env_only"][0]["fps"] > 0
 
 

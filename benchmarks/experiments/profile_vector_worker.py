@@ -7,7 +7,10 @@ rlcollect is patched: the collector sees an ordinary vector env). Per batch it t
 ``recv`` returning to the next ``send`` (the collector's: handling the result, the
 request's round trip through the inference server, the actions back) and the gap from
 a ``send`` to the next ``recv`` (what the worker does meanwhile: writing the finished
-transitions). Beside them: the server's phases and request latency
+transitions); and, as ``*_queued``, how much of ``recv``, of the first gap and of the
+second the thread that drives the env spent runnable but waiting for a core (Linux's
+``/proc/thread-self/schedstat``): the share of a window lost to the env's own threads
+on a host whose cores they all keep busy. Beside them: the server's phases and request latency
 (``collector.stats()``; with ``inference_backend="worker"`` the time of each request
 in the worker), the env alone and the hand loop of the same configuration, its env
 wrapped the same way. A thread worker at each ``--switch-intervals`` value, then a
@@ -42,18 +45,41 @@ import atari_throughput as at
 from common import make_atari_vector
 
 STEPS = ("send", "recv", "recv_to_send", "send_to_recv")
+# The same windows' time runnable but waiting for a core (Linux schedstat of the thread
+# that drives the env): a thread that shares its core with the env's threads waits here.
+QUEUED = tuple(f"{step}_queued" for step in ("recv", "recv_to_send", "send_to_recv"))
 
 
 class TimedVectorEnv(gym.vector.VectorWrapper):
     """A vector env driven with ``send``/``recv``, with timers around both and the gap
-    between a ``recv`` returning and the next ``send``."""
+    between a ``recv`` returning and the next ``send``; and the time the driving thread
+    spent on a run queue in each of those windows (``QUEUED``; 0 off Linux)."""
 
     def __init__(self, env: gym.vector.VectorEnv) -> None:
         super().__init__(env)
-        self.seconds: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+        self.seconds: dict[str, float] = dict.fromkeys(STEPS + QUEUED, 0.0)
         self.batches = 0
         self._received_at: float | None = None
         self._sent_at: float | None = None
+        self._schedstat: int | None = None  # the driving thread's, opened at its first call
+        self._queued_at = 0
+
+    def _queued(self) -> int:
+        """Nanoseconds the calling thread has waited on a run queue (``schedstat``'s
+        second field; a ``pread`` of about 2 us)."""
+        if self._schedstat is None:
+            try:
+                self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            except OSError:
+                self._schedstat = -1
+        if self._schedstat < 0:
+            return 0
+        return int(os.pread(self._schedstat, 128, 0).split()[1])
+
+    def _charge_queued(self, window: str) -> None:
+        now = self._queued()
+        self.seconds[window] += (now - self._queued_at) / 1e9
+        self._queued_at = now
 
     @property
     def batch_size(self) -> int:
@@ -65,20 +91,26 @@ class TimedVectorEnv(gym.vector.VectorWrapper):
         if self._received_at is not None:
             self.seconds["recv_to_send"] += t - self._received_at
             self._received_at = None
+            self._charge_queued("recv_to_send_queued")
         try:
             self.env.send(actions)  # type: ignore[attr-defined]
         finally:
             self._sent_at = time.perf_counter()
             self.seconds["send"] += self._sent_at - t
+            self._queued_at = self._queued()
 
     def recv(self) -> Any:
         t = time.perf_counter()
         if self._sent_at is not None:
             self.seconds["send_to_recv"] += t - self._sent_at
             self._sent_at = None
+            self._charge_queued("send_to_recv_queued")
+        else:
+            self._queued_at = self._queued()
         result = self.env.recv()  # type: ignore[attr-defined]
         self._received_at = time.perf_counter()
         self.seconds["recv"] += self._received_at - t
+        self._charge_queued("recv_queued")
         self.batches += 1
         return result
 
@@ -145,7 +177,7 @@ class Marks:
         batches = max(end["batches"] - start["batches"], 1)
         return {
             k: 1e6 * (end["seconds"].get(k, 0.0) - start["seconds"].get(k, 0.0)) / batches
-            for k in STEPS
+            for k in STEPS + QUEUED
         }
 
 
