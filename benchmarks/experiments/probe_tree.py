@@ -25,6 +25,10 @@ Probes:
     row_copy         a vector-env worker with its policy on a GPU has that GPU copy the
                      finished transitions' observations into the chunk (not adopted:
                      results/archive/h200/row_copy/README.txt)
+    result_inputs    a vector-env worker with its policy on a GPU copies each result into
+                     the policy's page-locked inputs (DMA up, no gather from the cells),
+                     checks and stages while the GPU runs (not adopted:
+                     results/archive/h200/result_inputs/README.txt)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is
