@@ -29,6 +29,8 @@ Probes:
                      the policy's page-locked inputs (DMA up, no gather from the cells),
                      checks and stages while the GPU runs (not adopted:
                      results/archive/h200/result_inputs/README.txt)
+    worker_sched_other  a worker process that runs its own policy goes back to
+                     SCHED_OTHER, its env's threads with it (not yet measured on the H200)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is
