@@ -114,6 +114,12 @@ class TimedVectorEnv(gym.vector.VectorWrapper):
         self.batches += 1
         return result
 
+    def close(self, **kwargs: Any) -> None:
+        if self._schedstat is not None and self._schedstat >= 0:
+            os.close(self._schedstat)
+        self._schedstat = -1  # read as 0 from here on
+        super().close(**kwargs)
+
     def totals(self) -> dict[str, Any]:
         return {"seconds": dict(self.seconds), "batches": self.batches}
 
