@@ -10,6 +10,7 @@ shows too.
 
 import functools
 import os
+import threading
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from envs import atari_vector
 from helpers import streams
 
 from rlcollect import AsyncBatchedCollector
+from rlcollect.collector.vector_worker import DRIVER_NICE
 from rlcollect.transports import ProcessSlotTransport
 
 pytestmark = pytest.mark.slow
@@ -116,3 +118,53 @@ def test_a_vector_worker_preempts_its_env_threads():
         policy = {int(t): os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
     assert policy.pop(pid) == os.SCHED_OTHER
     assert len(policy) >= 2 and set(policy.values()) == {os.SCHED_BATCH}  # 2 env threads
+
+
+def may_lower_niceness() -> bool:
+    """Whether this process may lower a thread's niceness to ``DRIVER_NICE`` (root, or
+    ``CAP_SYS_NICE``, or a high enough ``RLIMIT_NICE``), as its worker processes may.
+    Tried in a thread of its own, which ends with it: a niceness is a thread's own."""
+    allowed: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DRIVER_NICE)
+        except OSError:
+            allowed.append(False)
+        else:
+            allowed.append(True)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join(timeout=10)
+    return allowed[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux niceness per thread")
+@pytest.mark.parametrize(
+    "backend, batch_size", [("worker", 2), ("thread", 2), ("worker", 4)], ids=str
+)
+def test_a_vector_worker_that_runs_its_policy_outranks_its_env_threads(backend, batch_size):
+    # With the policy in the worker, the thread that drives a vector env through
+    # send/recv also runs the forwards and writes the transitions while the env's threads
+    # step the other sub-envs; it asks for a lower niceness than those threads, which
+    # keep theirs. Served by a server, or stepping its env whole (its threads then wait
+    # for it), it does not.
+    transport = ProcessSlotTransport()
+    mode = "NextStep" if batch_size < 4 else "SameStep"  # stepped whole: not NextStep
+    with AsyncBatchedCollector(
+        [functools.partial(atari_vector, mode, 4, batch_size)],
+        FramePolicy(),
+        frames_per_batch=100,
+        total_frames=-1,
+        transport=transport,
+        policy_device="cpu",
+        inference_backend=backend,
+    ) as c:
+        next(iter(c))
+        pid = transport.pids[0]
+        tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        nice = {t: os.getpriority(os.PRIO_PROCESS, t) for t in tasks}
+    raised = backend == "worker" and batch_size < 4 and may_lower_niceness()
+    assert nice.pop(pid) == (DRIVER_NICE if raised else 0)
+    assert len(nice) >= 2 and set(nice.values()) == {0}  # the 2 env threads, and any other
