@@ -507,3 +507,23 @@ def first_error_within_bound(c: Any, bound: float = 10.0) -> BaseException:
     assert not t.is_alive(), f"no error within {bound} s: the collector hangs"
     out["seconds"] = time.monotonic() - t0
     return out["error"]
+
+
+def may_lower_niceness(nice: int) -> bool:
+    """Whether this process may lower a thread's niceness to ``nice`` (root, or
+    ``CAP_SYS_NICE``, or a high enough ``RLIMIT_NICE``), as its child processes may.
+    Tried in a thread of its own, which ends with it: a niceness is a thread's own."""
+    allowed: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            allowed.append(False)
+        else:
+            allowed.append(True)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join(timeout=10)
+    return allowed[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import may_lower_niceness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -321,6 +322,24 @@ def test_vector_worker_profile_experiment(tmp_path):
     assert hand["fps"] > 0 and hand["worker_us_per_batch"]["recv_to_send"] > 0
     assert hand["worker_us_per_batch"]["recv_to_send_queued"] >= 0
     assert report["env_only"][0]["fps"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not may_lower_niceness(-5), reason="may not lower a thread's niceness")
+def test_server_nice_experiment(tmp_path):
+    run(
+        "benchmarks/experiments/server_nice.py",
+        *("--envs", "2", "--windows", "2", "--seconds", "0.3", "--warmup", "0.3"),
+        *("--settle", "1", "--frames-per-batch", "64", "--out", str(tmp_path)),
+    )
+    report = json.loads((tmp_path / "server_nice.json").read_text())
+    assert [w["nice"] for w in report["windows"]] == [0, -5]
+    for w in report["windows"]:
+        assert w["fps"] > 0 and w["mean_batch"] >= 1, w
+        # the server thread ran in every window; its waits are counted, maybe 0
+        assert w["server_run_ms_per_s"] > 0 and w["server_wait_ms_per_s"] >= 0, w
+    [pair] = report["fps_nice-5/fps_nice0"]["pairs"]
+    assert pair == report["windows"][1]["fps"] / report["windows"][0]["fps"]
 
 
 def test_interleaved_vector_experiment(tmp_path):

@@ -10,12 +10,11 @@ shows too.
 
 import functools
 import os
-import threading
 
 import pytest
 import torch
 from envs import atari_vector
-from helpers import streams
+from helpers import may_lower_niceness, streams
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.collector.vector_worker import DRIVER_NICE
@@ -120,26 +119,6 @@ def test_a_vector_worker_preempts_its_env_threads():
     assert len(policy) >= 2 and set(policy.values()) == {os.SCHED_BATCH}  # 2 env threads
 
 
-def may_lower_niceness() -> bool:
-    """Whether this process may lower a thread's niceness to ``DRIVER_NICE`` (root, or
-    ``CAP_SYS_NICE``, or a high enough ``RLIMIT_NICE``), as its worker processes may.
-    Tried in a thread of its own, which ends with it: a niceness is a thread's own."""
-    allowed: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DRIVER_NICE)
-        except OSError:
-            allowed.append(False)
-        else:
-            allowed.append(True)
-
-    thread = threading.Thread(target=attempt)
-    thread.start()
-    thread.join(timeout=10)
-    return allowed[0]
-
-
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux niceness per thread")
 @pytest.mark.parametrize(
     "backend, batch_size", [("worker", 2), ("thread", 2), ("worker", 4)], ids=str
@@ -165,6 +144,6 @@ def test_a_vector_worker_that_runs_its_policy_outranks_its_env_threads(backend, 
         pid = transport.pids[0]
         tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
         nice = {t: os.getpriority(os.PRIO_PROCESS, t) for t in tasks}
-    raised = backend == "worker" and batch_size < 4 and may_lower_niceness()
+    raised = backend == "worker" and batch_size < 4 and may_lower_niceness(DRIVER_NICE)
     assert nice.pop(pid) == (DRIVER_NICE if raised else 0)
     assert len(nice) >= 2 and set(nice.values()) == {0}  # the 2 env threads, and any other
