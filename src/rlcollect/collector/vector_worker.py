@@ -255,8 +255,9 @@ def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Pro
     _VectorLoop(end, spec, envs, progress).run()
 
 
-# The niceness the thread driving a vector env asks for when it also runs the policy:
-# weight 3121 against its env threads' 1024 (nice 0). See _schedule_as_the_envs_driver.
+# The niceness the thread driving a vector env through send/recv asks for when it also
+# runs the policy: weight 3121 against its env threads' 1024 (nice 0). See
+# _schedule_as_the_envs_driver.
 DRIVER_NICE = -5
 
 
