@@ -135,4 +135,28 @@ def machine() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "versions": versions,
         "load_average": os.getloadavg(),
+        "may_raise_vector_worker": may_lower_niceness(-5),
     }
+
+
+def may_lower_niceness(nice: int) -> bool:
+    """Whether this process (and the workers it starts) may set a thread's niceness as
+    low as ``nice``: an ``RLIMIT_NICE`` of ``20 - nice`` or more, or ``CAP_SYS_NICE``. A
+    vector env's worker that runs its own policy asks for -5 (``DRIVER_NICE``), and its
+    throughput depends on whether it gets it, so results record it."""
+    import resource
+
+    if nice >= os.getpriority(os.PRIO_PROCESS, 0):
+        return True  # not lower than this thread's own: anyone may
+    limit = getattr(resource, "RLIMIT_NICE", None)
+    if limit is None:
+        return False  # not Linux: no niceness per thread to raise
+    soft, _ = resource.getrlimit(limit)
+    if soft == resource.RLIM_INFINITY or soft >= 20 - nice:
+        return True
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(line for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False  # not Linux
+    return bool(int(caps.split()[1], 16) >> 23 & 1)  # bit 23: CAP_SYS_NICE

@@ -434,6 +434,20 @@ def test_benchmark_vector_env_threads_run_at_the_niceness_asked():
         env.close()
 
 
+def test_benchmarks_record_whether_a_vector_worker_may_be_raised():
+    """benchmarks/common.py reads the privilege (rlimit, capability) that the vector
+    worker's niceness -5 needs; it must agree with trying it in a thread."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from common import machine
+        from common import may_lower_niceness as read_privilege
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for nice in (-5, -1, 0):
+        assert read_privilege(nice) == may_lower_niceness(nice), nice
+    assert machine()["may_raise_vector_worker"] == may_lower_niceness(-5)
+
+
 def test_ppo_lstm(tmp_path):
     # A few updates of each policy: the recurrent one trains from the stored states, the
     # control without them; both write their curves, the figure holds both.
