@@ -135,15 +135,31 @@ def machine() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "versions": versions,
         "load_average": os.getloadavg(),
-        "may_raise_vector_worker": may_lower_niceness(-5),
+        "vector_worker_nice": vector_worker_nice(),
     }
+
+
+def vector_worker_nice() -> int:
+    """The niceness the thread of a vector env's worker that runs its own policy takes
+    here: ``DRIVER_NICE`` (-10) where allowed, else as low as ``RLIMIT_NICE`` allows, else
+    its own. Its throughput depends on it, so results record it."""
+    import resource
+
+    from rlcollect.collector.vector_worker import DRIVER_NICE
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    if may_lower_niceness(DRIVER_NICE):
+        return min(own, DRIVER_NICE)
+    limit = getattr(resource, "RLIMIT_NICE", None)
+    if limit is None:
+        return own  # not Linux: nothing is raised
+    soft, _ = resource.getrlimit(limit)
+    return min(own, 20 - soft)
 
 
 def may_lower_niceness(nice: int) -> bool:
     """Whether this process (and the workers it starts) may set a thread's niceness as
-    low as ``nice``: an ``RLIMIT_NICE`` of ``20 - nice`` or more, or ``CAP_SYS_NICE``. A
-    vector env's worker that runs its own policy asks for -5 (``DRIVER_NICE``), and its
-    throughput depends on whether it gets it, so results record it."""
+    low as ``nice``: an ``RLIMIT_NICE`` of ``20 - nice`` or more, or ``CAP_SYS_NICE``."""
     import resource
 
     if nice >= os.getpriority(os.PRIO_PROCESS, 0):

@@ -527,3 +527,27 @@ def may_lower_niceness(nice: int) -> bool:
     thread.start()
     thread.join(timeout=10)
     return allowed[0]
+
+
+def lowest_niceness_allowed(lowest: int) -> int:
+    """The lowest niceness from ``lowest`` up that this process may give a thread (its
+    child processes may as well), found by trying each in a thread of its own; the
+    thread's own niceness where none lower is allowed."""
+    found: list[int] = []
+
+    def attempt() -> None:
+        me = threading.get_native_id()
+        own = os.getpriority(os.PRIO_PROCESS, me)
+        for nice in range(lowest, own):
+            try:
+                os.setpriority(os.PRIO_PROCESS, me, nice)
+            except OSError:
+                continue
+            found.append(nice)
+            return
+        found.append(own)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join(timeout=10)
+    return found[0]

@@ -256,9 +256,9 @@ def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Pro
 
 
 # The niceness the thread driving a vector env through send/recv asks for when it also
-# runs the policy: weight 3121 against its env threads' 1024 (nice 0). See
+# runs the policy: weight 9548 against its env threads' 1024 (nice 0). See
 # _schedule_as_the_envs_driver.
-DRIVER_NICE = -5
+DRIVER_NICE = -10
 
 
 def _schedule_as_the_envs_driver(*, raise_priority: bool) -> None:
@@ -279,13 +279,17 @@ def _schedule_as_the_envs_driver(*, raise_priority: bool) -> None:
     scheduler then no longer counts it owed time when its result is ready, and on the
     H200 (64 sub-envs on 16 threads) it waited 140-170 us per ``recv`` for a core, where
     a hand-written loop's thread, asleep most of the time, waited 3-6 us. At nice -5 that
-    wait fell to 40 us and the collector went from 0.84x to 0.955x the hand loop's
-    throughput (``docs/tuning.md``); served by a server, the thread does little besides
-    ``send`` and ``recv``, and raising it showed no gain. Only this thread is raised:
-    the env's threads keep their niceness, so they still share the cores fairly with
-    other programs. Lowering a niceness needs ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` of
-    25 or more; without either the thread stays at its niceness, which works, only
-    slower.
+    wait fell to 31-70 us and the collector went from 0.82-0.87x to 0.89-0.96x the hand
+    loop's throughput; at nice -10 to 5 us, and 0.96-1.00x (``docs/tuning.md``). Served
+    by a server, the thread does little besides ``send`` and ``recv``, and raising it
+    showed no gain. Only this thread is raised: the env's threads keep their niceness,
+    so they still share the cores fairly with other programs, and this one takes no
+    more than its own work (it sleeps in ``recv``).
+
+    Lowering a niceness needs ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` of ``20 - nice``
+    or more. Where ``DRIVER_NICE`` is refused, the thread takes the lowest niceness its
+    ``RLIMIT_NICE`` allows, if that is below its own; otherwise it keeps its own, which
+    works, only slower.
     """
     get, set_ = getattr(os, "sched_getscheduler", None), getattr(os, "sched_setscheduler", None)
     batch = getattr(os, "SCHED_BATCH", None)
@@ -298,10 +302,28 @@ def _schedule_as_the_envs_driver(*, raise_priority: bool) -> None:
     except OSError:
         return  # refused (some sandboxes): the batch policy works, only slower
     if raise_priority:
-        try:  # on Linux a niceness is a thread's own: this one, not the env's threads
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DRIVER_NICE)
+        _lower_niceness(DRIVER_NICE)
+
+
+def _lower_niceness(wanted: int) -> None:
+    """Set this thread's niceness (on Linux a thread's own: not the env's threads) to
+    ``wanted``, or, where that is refused, to the lowest ``RLIMIT_NICE`` allows, if that
+    is lower than the thread's own."""
+    import resource  # here: only Linux comes this far, and Windows has no such module
+
+    me = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, me, wanted)
+        return
+    except OSError:
+        pass  # neither CAP_SYS_NICE nor an RLIMIT_NICE of 20 - wanted
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    lowest = 20 - soft  # what the limit allows; RLIM_INFINITY would have allowed wanted
+    if wanted < lowest < os.getpriority(os.PRIO_PROCESS, me):
+        try:
+            os.setpriority(os.PRIO_PROCESS, me, lowest)
         except OSError:
-            pass  # not permitted: see above
+            pass  # refused after all (a security module): the thread keeps its own
 
 
 class _VectorLoop:
