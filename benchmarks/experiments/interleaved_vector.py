@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import atari_throughput as at
-from common import make_atari_vector
+from common import machine, make_atari_vector
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.transports import ProcessSlotTransport
@@ -141,7 +141,12 @@ def main() -> None:
     finally:
         for env in (alone, hand):
             env.close()
-    report = {"config": vars(args), "cycles": cycles, "summary": summary(cycles)}
+    report = {
+        "config": vars(args),
+        "machine": machine(),
+        "cycles": cycles,
+        "summary": summary(cycles),
+    }
     print(json.dumps(report["summary"], indent=1))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

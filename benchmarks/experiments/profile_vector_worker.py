@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import atari_throughput as at
-from common import make_atari_vector
+from common import machine, make_atari_vector
 
 STEPS = ("send", "recv", "recv_to_send", "send_to_recv")
 # The same windows' time runnable but waiting for a core (Linux schedstat of the thread
@@ -249,7 +249,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the collector's server thread runs a CPU policy
-    report: dict[str, Any] = {"config": vars(args)}
+    report: dict[str, Any] = {"config": vars(args), "machine": machine()}
     keys = ("fps", "worker_us_per_batch", "server_us_per_batch", "request_latency_p50")
 
     def keep(name: str, result: dict[str, Any]) -> None:

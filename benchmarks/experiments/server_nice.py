@@ -9,7 +9,8 @@ much of the time too (the issue's profile: 18 of 29 s), beside worker processes 
 fill every core. This runs ``--envs`` Pong envs in worker processes (``pong_collector.py``:
 the Nature CNN as a CUDA graph on a GPU, the small CNN on the CPU) with the server
 thread, and sets that thread's niceness to 0 and ``--nice`` in turn, one window each,
-without restarting anything: each pair of windows is a before/after on the same envs.
+without restarting anything: each pair of windows is a before/after on the same envs,
+and the pairs open with either niceness in turn.
 For each window it reports frames/s and, from ``/proc/self/task/<tid>/schedstat``, the
 server thread's time on a core and its time runnable but waiting for one, per second::
 
@@ -36,6 +37,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+from common import machine
 from pong_collector import pong_collector
 
 
@@ -80,7 +83,7 @@ def main() -> None:
     p.add_argument("--envs-per-worker", type=int, default=1)
     p.add_argument("--worker-splits", type=int, default=1)
     p.add_argument("--nice", type=int, default=-5, help="the server thread's other niceness")
-    p.add_argument("--windows", type=int, default=10, help="in turn: niceness 0, --nice, ...")
+    p.add_argument("--windows", type=int, default=10, help="in pairs: 0, --nice, --nice, 0, ...")
     p.add_argument("--seconds", type=float, default=3.0, help="per window")
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--settle", type=int, default=3, help="batches dropped after each switch")
@@ -102,15 +105,19 @@ def main() -> None:
         except OSError as exc:
             sys.exit(f"may not set the server thread's niceness to {args.nice}: {exc}")
         for w in range(args.windows):
-            nice = 0 if w % 2 == 0 else args.nice
+            # Pairs open with 0 and --nice in turn (0 -5, -5 0, ...): collection that speeds
+            # up or slows down through a run favours neither.
+            second = w % 2 == 1
+            nice = args.nice if second != (w // 2 % 2 == 1) else 0
             os.setpriority(os.PRIO_PROCESS, tid, nice)
             for _ in range(args.settle):
                 next(it)
             windows.append({"nice": nice, **window(c, it, tid, args.seconds)})
             print(json.dumps(windows[-1]), flush=True)
     pairs = [
-        b["fps"] / a["fps"] for a, b in zip(windows[::2], windows[1::2], strict=False)
-    ]  # each window at --nice against the window at 0 before it
+        (b["fps"] / a["fps"]) if b["nice"] != 0 else (a["fps"] / b["fps"])
+        for a, b in zip(windows[::2], windows[1::2], strict=False)
+    ]  # each pair: its window at --nice against its window at 0
     summary = {
         str(n): {
             key: statistics.median(w[key] for w in windows if w["nice"] == n)
@@ -121,11 +128,12 @@ def main() -> None:
     }
     report = {
         "config": {**vars(args), "device": device},
+        "machine": machine(),
         "windows": windows,
         "summary": summary,
         f"fps_nice{args.nice}/fps_nice0": {"pairs": pairs, "median": statistics.median(pairs)},
     }
-    print(json.dumps({k: report[k] for k in list(report)[2:]}, indent=1))
+    print(json.dumps({k: report[k] for k in list(report)[3:]}, indent=1))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "server_nice.json").write_text(json.dumps(report, indent=1))
