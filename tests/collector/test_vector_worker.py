@@ -62,6 +62,7 @@ def worker_niceness(*, rlimit_nice, cap_sys_nice, nice=0, raise_priority=True):
         (0, True, 0, DRIVER_NICE),  # root, as on the H200: the capability is enough
         (0, False, 0, 0),  # neither: keeps its niceness
         (0, False, 3, 3),  # ... whatever it inherited
+        (0, True, DRIVER_NICE - 5, DRIVER_NICE - 5),  # started lower: not raised the other way
         (25, False, 0, -5),  # a limit of 25 allows down to -5
         (25, False, 3, -5),
         (15, False, 0, 0),  # a limit that allows only 5 and up: nothing lower to take

@@ -307,11 +307,14 @@ def _schedule_as_the_envs_driver(*, raise_priority: bool) -> None:
 
 def _lower_niceness(wanted: int) -> None:
     """Set this thread's niceness (on Linux a thread's own: not the env's threads) to
-    ``wanted``, or, where that is refused, to the lowest ``RLIMIT_NICE`` allows, if that
-    is lower than the thread's own."""
+    ``wanted``, or, where that is refused, to the lowest ``RLIMIT_NICE`` allows; never
+    higher than the thread's own."""
     import resource  # here: only Linux comes this far, and Windows has no such module
 
     me = threading.get_native_id()
+    own = os.getpriority(os.PRIO_PROCESS, me)
+    if own <= wanted:
+        return  # started lower already (a user's `nice -n -15`): never raised the other way
     try:
         os.setpriority(os.PRIO_PROCESS, me, wanted)
         return
@@ -319,7 +322,7 @@ def _lower_niceness(wanted: int) -> None:
         pass  # neither CAP_SYS_NICE nor an RLIMIT_NICE of 20 - wanted
     soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
     lowest = 20 - soft  # what the limit allows; RLIM_INFINITY would have allowed wanted
-    if wanted < lowest < os.getpriority(os.PRIO_PROCESS, me):
+    if wanted < lowest < own:
         try:
             os.setpriority(os.PRIO_PROCESS, me, lowest)
         except OSError:
