@@ -347,14 +347,37 @@ def test_server_nice_experiment(tmp_path):
     assert report["machine"]["vector_worker_nice"] <= 0
 
 
-def test_interleaved_vector_experiment(tmp_path):
-    run(
-        "benchmarks/experiments/interleaved_vector.py",
-        *("--envs", "4", "--batch", "2", "--threads", "1", "--policy", "noop"),
-        *("--cycles", "3", "--window", "0.2", "--lead", "0.1", "--frames-per-batch", "64"),
-        *("--out", str(tmp_path)),
+INTERLEAVED_TINY = (
+    *("--envs", "4", "--batch", "2", "--threads", "1", "--policy", "noop"),
+    *("--cycles", "3", "--window", "0.2", "--lead", "0.1", "--frames-per-batch", "64"),
+)
+
+
+def on_tree(tree, name, out, *args, timeout=120):
+    """benchmarks/experiments/on_tree.py: the experiment run on ``tree``; its output."""
+    options = ("--tree", str(tree), "--name", name, "--out", str(out), "--timeout", str(timeout))
+    return subprocess.run(
+        [sys.executable, "benchmarks/experiments/on_tree.py", *options, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 120,
     )
-    report = json.loads((tmp_path / "interleaved_vector.json").read_text())
+
+
+def test_interleaved_vector_experiment(tmp_path):
+    # Run as a device call runs it: through on_tree.py, whose one line must be the JSON's.
+    done = on_tree(ROOT / "src", "tiny", tmp_path, "interleaved_vector.py", *INTERLEAVED_TINY)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "tiny.log").stat().st_size > 0
+    report = json.loads((tmp_path / "tiny" / "interleaved_vector.json").read_text())
+    s = report["summary"]
+    assert done.stdout == (
+        f"tiny rc=0 collector/hand_loop {s['collector/hand_loop']['median']:.3f} "
+        f"collector/env_only {s['collector/env_only']['median']:.3f} "
+        f"hand_loop/env_only {s['hand_loop/env_only']['median']:.3f} "
+        f"ahead {s['collector_ahead_of_hand_loop']} of 3\n"
+    )
     assert report["machine"]["vector_worker_nice"] == lowest_niceness_allowed(DRIVER_NICE)
     cycles = report["cycles"]
     # every configuration ran in every cycle, each first once in three cycles
@@ -365,6 +388,23 @@ def test_interleaved_vector_experiment(tmp_path):
     ahead = sum(c["ratios"]["collector/hand_loop"] > 1 for c in cycles)
     assert report["summary"]["collector_ahead_of_hand_loop"] == ahead
     assert report["summary"]["cycles"] == 3
+
+
+def test_on_tree_imports_the_tree_it_is_given_and_reports_failures(tmp_path):
+    # A tree whose rlcollect fails on import: the run fails, and its log's end is shown.
+    broken = tmp_path / "broken" / "rlcollect"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('the broken tree was imported')\n")
+    done = on_tree(broken.parent, "broken", tmp_path / "out", "interleaved_vector.py")
+    assert done.returncode == 1
+    assert done.stdout.startswith("broken rc=1") and "the broken tree was imported" in done.stdout
+    # Not a tree: refused before anything runs.
+    done = on_tree(ROOT, "root", tmp_path / "out", "interleaved_vector.py")
+    assert done.returncode == 2 and "no rlcollect/__init__.py" in done.stderr
+    # Cut by its timeout: 3 cycles of three 0.3 s windows cannot end within 1 s.
+    done = on_tree(ROOT / "src", "cut", tmp_path / "out", "interleaved_vector.py",
+                   *INTERLEAVED_TINY, timeout=1)  # fmt: skip
+    assert done.returncode == 124 and done.stdout.startswith("cut rc=124"), done.stdout
 
 
 @pytest.mark.slow
