@@ -27,6 +27,24 @@ def run(*args, timeout=300):
     return done.stdout
 
 
+INTERLEAVED_TINY = (
+    *("--envs", "4", "--batch", "2", "--threads", "1", "--policy", "noop"),
+    *("--cycles", "3", "--window", "0.2", "--lead", "0.1", "--frames-per-batch", "64"),
+)
+
+
+def on_tree(tree, name, out, *args, timeout=300):
+    """benchmarks/experiments/on_tree.py: the experiment run on ``tree``; its output."""
+    options = ("--tree", str(tree), "--name", name, "--out", str(out), "--timeout", str(timeout))
+    return subprocess.run(
+        [sys.executable, "benchmarks/experiments/on_tree.py", *options, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 120,
+    )
+
+
 @pytest.mark.slow
 def test_quickstart():
     out = run("examples/quickstart.py", "--frames", "1536", "--envs", "2", "--env-seconds", "0.5")
@@ -302,13 +320,19 @@ def test_pin_workers_experiment():
 
 @pytest.mark.slow
 def test_vector_worker_profile_experiment(tmp_path):
-    run(
-        "benchmarks/experiments/profile_vector_worker.py",
+    done = on_tree(
+        ROOT / "src",
+        "prof",
+        tmp_path,
+        "profile_vector_worker.py",
         *("--envs", "4", "--batch", "2", "--threads", "1", "--switch-intervals", "0.005"),
         *("--seconds", "0.5", "--warmup", "0.2", "--frames-per-batch", "64"),
-        *("--out", str(tmp_path)),
     )
-    report = json.loads((tmp_path / "profile_vector_worker.json").read_text())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "prof" / "profile_vector_worker.json").read_text())
+    hand = report["hand_loop"][0]  # on_tree.py's line names every run, with its fps
+    assert done.stdout.startswith(f"prof rc=0 [env_only: fps {report['env_only'][0]['fps']:.0f}]")
+    assert f"[hand_loop: fps {hand['fps']:.0f} recv " in done.stdout
     assert report["machine"]["vector_worker_nice"] == lowest_niceness_allowed(DRIVER_NICE)
     # timed in either process, with the server or with the policy in the worker
     collectors = ("thread-1w switch=0.005", "process_slots-1w thread", "process_slots-1w worker")
@@ -330,12 +354,18 @@ def test_vector_worker_profile_experiment(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not may_lower_niceness(-5), reason="may not lower a thread's niceness")
 def test_server_nice_experiment(tmp_path):
-    run(
-        "benchmarks/experiments/server_nice.py",
+    done = on_tree(
+        ROOT / "src",
+        "srv",
+        tmp_path,
+        "server_nice.py",
         *("--envs", "2", "--windows", "4", "--seconds", "0.3", "--warmup", "0.3"),
-        *("--settle", "1", "--frames-per-batch", "64", "--out", str(tmp_path)),
+        *("--settle", "1", "--frames-per-batch", "64"),
     )
-    report = json.loads((tmp_path / "server_nice.json").read_text())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "srv" / "server_nice.json").read_text())
+    median = report["fps_nice-5/fps_nice0"]["median"]
+    assert done.stdout.startswith(f"srv rc=0 pairs median {median:.3f} wait@0 ")
     windows = report["windows"]
     assert [w["nice"] for w in windows] == [0, -5, -5, 0]  # pairs open with each in turn
     for w in windows:
@@ -345,24 +375,6 @@ def test_server_nice_experiment(tmp_path):
     pairs = report["fps_nice-5/fps_nice0"]["pairs"]
     assert pairs == [windows[1]["fps"] / windows[0]["fps"], windows[2]["fps"] / windows[3]["fps"]]
     assert report["machine"]["vector_worker_nice"] <= 0
-
-
-INTERLEAVED_TINY = (
-    *("--envs", "4", "--batch", "2", "--threads", "1", "--policy", "noop"),
-    *("--cycles", "3", "--window", "0.2", "--lead", "0.1", "--frames-per-batch", "64"),
-)
-
-
-def on_tree(tree, name, out, *args, timeout=120):
-    """benchmarks/experiments/on_tree.py: the experiment run on ``tree``; its output."""
-    options = ("--tree", str(tree), "--name", name, "--out", str(out), "--timeout", str(timeout))
-    return subprocess.run(
-        [sys.executable, "benchmarks/experiments/on_tree.py", *options, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout + 120,
-    )
 
 
 def test_interleaved_vector_experiment(tmp_path):
