@@ -129,6 +129,7 @@ def test_benchmark_suite_quick(tmp_path):
         "async_training",
         "throughput",
         "vector_throughput",
+        "vector_layouts",
     ):
         doc = json.loads((results / "suite_cpu" / f"{series}.json").read_text())
         assert doc["complete"], series

@@ -88,6 +88,7 @@ GPU_PARTS = {
     "3": ("dqn_loop",),
     "4": ("throughput",),
     "5": ("vector_throughput",),
+    "6": ("vector_layouts",),
 }
 LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
 ASYNC_WINDOW = 1.5  # the async-training runs measure longer: few frames per second
@@ -402,26 +403,37 @@ def _divisor_at_most(n: int, most: int) -> int:
     return max(d for d in range(1, max(1, most) + 1) if n % d == 0)
 
 
-def vector_throughput(m: Machine) -> Series:
-    """ale-py's ``AtariVectorEnv`` Pong against its own speed: one vector env with a
-    thread per core, driven by the collector and by a hand loop, and several vector envs
-    in worker processes with more threads than cores (issue 18, item 4)."""
+def _vector_sizes(m: Machine) -> tuple[int, int, list[int], list[list[int]]]:
+    """The vector series' sizes: envs in all, frames per batch, one vector env with a
+    thread per core, and several vector envs in processes with half the cores' worth of
+    threads each (while one worker waits for its actions, the other vector envs'
+    threads take its cores: docs/tuning.md, Native vector envs), a recv taking half of
+    each or all of it. A layout: [vector envs, sub-envs each, sub-envs per recv, C++
+    threads each]."""
     cores = len(os.sched_getaffinity(0))
     n = 4 * m.num_envs  # 64 on the GPU machine
-    fpb = 16 * n
-    # Several vector envs in processes, each with half the cores' worth of threads: while
-    # one worker waits for its actions, the other vector envs' threads take its cores
-    # (docs/tuning.md, Native vector envs).
     v = _divisor_at_most(n // 2, max(2, cores // 2))
     each = max(1, cores // 2)
     one = [1, n, n // 2, cores]
-    many_half = [v, n // v, n // (2 * v), each]
-    many_whole = [v, n // v, n // v, each]
+    many = [[v, n // v, n // (2 * v), each], [v, n // v, n // v, each]]
+    return n, 16 * n, one, many
 
-    def name(layout: list[int]) -> str:
-        vector_envs, envs, batch, threads = layout
-        plural = "s" * (threads > 1)
-        return f"{vector_envs} x {envs} envs, batch {batch}, {threads} thread{plural} each"
+
+def _vector_name(layout: list[int]) -> str:
+    vector_envs, envs, batch, threads = layout
+    plural = "s" * (threads > 1)
+    return f"{vector_envs} x {envs} envs, batch {batch}, {threads} thread{plural} each"
+
+
+def _vector_series(
+    m: Machine, name: str, title: str, layouts: list[tuple[str, list[int], str]], hand: bool
+) -> Series:
+    """A vector series: the env alone with a thread per core, (``hand``) the hand loop,
+    and the collector over ``layouts`` of (transport, layout, inference_backend), each
+    against the env alone, the hand loop and, where a layout's vector envs hold another
+    number of threads in all than there are cores, the env alone with that many."""
+    cores = len(os.sched_getaffinity(0))
+    n, fpb, one, _ = _vector_sizes(m)
 
     def config(kind: str, layout: list[int], **extra: Any) -> dict[str, Any]:
         return _base(
@@ -435,33 +447,25 @@ def vector_throughput(m: Machine) -> Series:
             **extra,
         )
 
-    env_only = f"env_only[{name(one)}]"
-    hand = f"hand_loop[{name(one)}]"
+    env_only = f"env_only[{_vector_name(one)}]"
     runs: dict[str, dict[str, Any]] = {env_only: config("vector_env_only", one)}
-    if each * v != cores:  # the env alone with as many threads as the layouts of several
-        more = [1, n, n // 2, each * v]
-        runs[f"env_only[{name(more)}]"] = config("vector_env_only", more)
-    runs[hand] = config("atari_vector", one)
-    # (transport, layout, inference_backend): "worker" runs the policy in the vector
-    # env's own worker, as the hand loop does, with no server and no hop between them.
-    collectors = [("thread", one, "thread"), ("process_slots", one, "thread")]
-    collectors += [("process_slots", one, "worker")]
-    collectors += [("process_slots", many_half, "thread"), ("process_slots", many_whole, "thread")]
-    if m.quick:  # each kind of run once: the smoke test's budget
-        collectors = collectors[1:3]
-    for transport, layout, backend in collectors:
+    threads = {layout[0] * layout[3] for _, layout, _ in layouts} - {cores}
+    for total in sorted(threads):  # the env alone with as many threads as the layout's
+        more = [1, n, n // 2, total]
+        runs[f"env_only[{_vector_name(more)}]"] = config("vector_env_only", more)
+    if hand:
+        runs[f"hand_loop[{_vector_name(one)}]"] = config("atari_vector", one)
+    for transport, layout, backend in layouts:
         how = f"{transport}, " + ('inference_backend="worker", ' if backend == "worker" else "")
-        runs[f"rlcollect[{how}{name(layout)}]"] = config(
+        runs[f"rlcollect[{how}{_vector_name(layout)}]"] = config(
             "vector_rlcollect", layout, transport=transport, backend=backend
         )
     mine = [r for r in runs if r.startswith("rlcollect")]
-    # against the env alone with a thread per core, the hand loop, and (where it ran) the
-    # env alone with as many threads as the several vector envs hold together
-    others = [env_only, hand, *(r for r in runs if r.startswith("env_only") and r != env_only)]
+    others = [r for r in runs if not r.startswith("rlcollect")]
     ratios = tuple((r, other) for r in mine for other in others)
     return Series(
-        "vector_throughput",
-        "AtariVectorEnv Pong against its own speed: the collector, a hand loop, the env alone",
+        name,
+        title,
         runs,
         ratios,
         notes=(
@@ -470,11 +474,61 @@ def vector_throughput(m: Machine) -> Series:
             "A layout: vector envs x sub-envs each, sub-envs per recv (batch), C++ threads "
             f"each; {cores} cores.",
             "env_only: one vector env in one process, send/recv with random actions, no "
-            "policy. hand_loop: the same vector env, a loop that acts on each recv's batch "
-            "(same policy and execution) and sends the actions back.",
+            "policy."
+            + (
+                " hand_loop: the same vector env, a loop that acts on each recv's batch "
+                "(same policy and execution) and sends the actions back."
+                if hand
+                else ""
+            ),
             "rlcollect: one worker per vector env (a thread, or a process with "
-            "process_slots), defaults otherwise.",
+            "process_slots), defaults otherwise"
+            + (
+                '; inference_backend="worker" runs the policy in the vector env\'s own '
+                "worker, as the hand loop does."
+                if any(backend == "worker" for _, _, backend in layouts)
+                else "."
+            ),
         ),
+    )
+
+
+def vector_throughput(m: Machine) -> Series:
+    """ale-py's ``AtariVectorEnv`` Pong against its own speed: one vector env with a
+    thread per core, driven by the collector (a worker thread, a worker process, the
+    policy in that process) and by a hand loop (issue 18, item 4)."""
+    _, _, one, _ = _vector_sizes(m)
+    # (transport, layout, inference_backend): "worker" runs the policy in the vector
+    # env's own worker, as the hand loop does, with no server and no hop between them.
+    layouts = [("thread", one, "thread"), ("process_slots", one, "thread")]
+    layouts += [("process_slots", one, "worker")]
+    if m.quick:  # each kind of run once: the smoke test's budget
+        layouts = layouts[1:]
+    return _vector_series(
+        m,
+        "vector_throughput",
+        "AtariVectorEnv Pong against its own speed: the collector, a hand loop, the env alone",
+        layouts,
+        hand=True,
+    )
+
+
+def vector_layouts(m: Machine) -> Series:
+    """The same envs as ``vector_throughput`` split over several vector envs, each in a
+    worker process with half the cores' worth of threads, against the env alone with a
+    thread per core and with as many threads as the layout holds. A series of its own so
+    that each fits one device call (every run starts a fresh process: 20-40 s each on
+    the H200, most of it building the vector envs)."""
+    _, _, _, many = _vector_sizes(m)
+    layouts = [("process_slots", layout, "thread") for layout in many]
+    if m.quick:
+        layouts = layouts[:1]
+    return _vector_series(
+        m,
+        "vector_layouts",
+        "AtariVectorEnv Pong over several vector envs in processes against the env alone",
+        layouts,
+        hand=False,
     )
 
 
@@ -485,6 +539,7 @@ SERIES = {
     "async_training": async_training,
     "throughput": throughput,
     "vector_throughput": vector_throughput,
+    "vector_layouts": vector_layouts,
 }
 
 

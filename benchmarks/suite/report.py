@@ -23,7 +23,7 @@ PUBLISHED_CHUNK_MS = (0.226, 0.037)  # TorchRL AsyncBatchedCollector, chunk 1 ->
 PUBLISHED_ASYNC_FPS = {2: 85.2, 16: 53.1}  # DreamerV3 async, 8 envs, inference batch 1
 COMMANDS = {
     "cpu": "`make bench`",  # = python -m benchmarks cpu && python -m benchmarks report
-    "gpu": "`python -m benchmarks gpu --part 1|2|3|4|5 --peers-path .peers`, one device call "
+    "gpu": "`python -m benchmarks gpu --part 1|2|3|4|5|6 --peers-path .peers`, one device call "
     "per part (`--resume` continues a part cut short by its deadline)",
 }
 
@@ -419,6 +419,16 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
             doc,
             "Native vector envs against their own speed",
             f"![vector throughput]({rel}_vector_throughput.png)",
+            _fps_and_ratios(doc),
+        )
+    if "vector_layouts" in docs:
+        doc = docs["vector_layouts"]
+        image = images / f"{suite}_vector_layouts.png"
+        _bar_plot(doc, image, f"Several AtariVectorEnvs against the env alone ({where})")
+        out += _block(
+            doc,
+            "Native vector envs: several in processes",
+            f"![vector layouts]({rel}_vector_layouts.png)",
             _fps_and_ratios(doc),
         )
     missing = [name for name in SERIES if name not in docs]
