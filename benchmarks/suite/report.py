@@ -28,6 +28,30 @@ COMMANDS = {
 }
 
 
+#: (series, section heading, plot title, image alt text) of the series rendered as a bar
+#: plot with their frames/s and ratios tables, in page order
+AGAINST_THE_ENVS = (
+    (
+        "throughput",
+        "Throughput against the envs' own speed",
+        "Against the envs' own speed",
+        "throughput",
+    ),
+    (
+        "vector_throughput",
+        "Native vector envs against their own speed",
+        "AtariVectorEnv against its own speed",
+        "vector throughput",
+    ),
+    (
+        "vector_layouts",
+        "Native vector envs: several in processes",
+        "Several AtariVectorEnvs against the env alone",
+        "vector layouts",
+    ),
+)
+
+
 def _fmt(value: float | None, digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -402,35 +426,13 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
     if "async_training" in docs:
         doc = docs["async_training"]
         out += _block(doc, "Async training at train ratio 2 and 16", None, _async_table(doc))
-    if "throughput" in docs:
-        doc = docs["throughput"]
-        _bar_plot(doc, images / f"{suite}_throughput.png", f"Against the envs' own speed ({where})")
-        out += _block(
-            doc,
-            "Throughput against the envs' own speed",
-            f"![throughput]({rel}_throughput.png)",
-            _fps_and_ratios(doc),
-        )
-    if "vector_throughput" in docs:
-        doc = docs["vector_throughput"]
-        image = images / f"{suite}_vector_throughput.png"
-        _bar_plot(doc, image, f"AtariVectorEnv against its own speed ({where})")
-        out += _block(
-            doc,
-            "Native vector envs against their own speed",
-            f"![vector throughput]({rel}_vector_throughput.png)",
-            _fps_and_ratios(doc),
-        )
-    if "vector_layouts" in docs:
-        doc = docs["vector_layouts"]
-        image = images / f"{suite}_vector_layouts.png"
-        _bar_plot(doc, image, f"Several AtariVectorEnvs against the env alone ({where})")
-        out += _block(
-            doc,
-            "Native vector envs: several in processes",
-            f"![vector layouts]({rel}_vector_layouts.png)",
-            _fps_and_ratios(doc),
-        )
+    # the series against the envs' own speed: a bar plot, frames/s and ratios each
+    for name, heading, plot_title, alt in AGAINST_THE_ENVS:
+        if name in docs:
+            _bar_plot(docs[name], images / f"{suite}_{name}.png", f"{plot_title} ({where})")
+            out += _block(
+                docs[name], heading, f"![{alt}]({rel}_{name}.png)", _fps_and_ratios(docs[name])
+            )
     missing = [name for name in SERIES if name not in docs]
     if missing:  # say what the suite has not measured here rather than leave it out silently
         names = ", ".join(f"`{name}`" for name in missing)
