@@ -45,6 +45,16 @@ def on_tree(tree, name, out, *args, timeout=300):
     )
 
 
+def experiment(out, name, script, *args):
+    """``script`` run through on_tree.py on this checkout's ``src``, which must succeed:
+    its one printed line and its JSON report (``out/name/<script's stem>.json``)."""
+    done = on_tree(ROOT / "src", name, out, script, *args)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / f"{name}.log").stat().st_size > 0
+    report = json.loads((out / name / f"{Path(script).stem}.json").read_text())
+    return done.stdout, report
+
+
 @pytest.mark.slow
 def test_quickstart():
     out = run("examples/quickstart.py", "--frames", "1536", "--envs", "2", "--env-seconds", "0.5")
@@ -321,19 +331,16 @@ def test_pin_workers_experiment():
 
 @pytest.mark.slow
 def test_vector_worker_profile_experiment(tmp_path):
-    done = on_tree(
-        ROOT / "src",
-        "prof",
+    line, report = experiment(
         tmp_path,
+        "prof",
         "profile_vector_worker.py",
         *("--envs", "4", "--batch", "2", "--threads", "1", "--switch-intervals", "0.005"),
         *("--seconds", "0.5", "--warmup", "0.2", "--frames-per-batch", "64"),
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((tmp_path / "prof" / "profile_vector_worker.json").read_text())
     hand = report["hand_loop"][0]  # on_tree.py's line names every run, with its fps
-    assert done.stdout.startswith(f"prof rc=0 [env_only: fps {report['env_only'][0]['fps']:.0f}]")
-    assert f"[hand_loop: fps {hand['fps']:.0f} recv " in done.stdout
+    assert line.startswith(f"prof rc=0 [env_only: fps {report['env_only'][0]['fps']:.0f}]")
+    assert f"[hand_loop: fps {hand['fps']:.0f} recv " in line
     assert report["machine"]["vector_worker_nice"] == lowest_niceness_allowed(DRIVER_NICE)
     # timed in either process, with the server or with the policy in the worker
     collectors = ("thread-1w switch=0.005", "process_slots-1w thread", "process_slots-1w worker")
@@ -355,18 +362,15 @@ def test_vector_worker_profile_experiment(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not may_lower_niceness(-5), reason="may not lower a thread's niceness")
 def test_server_nice_experiment(tmp_path):
-    done = on_tree(
-        ROOT / "src",
-        "srv",
+    line, report = experiment(
         tmp_path,
+        "srv",
         "server_nice.py",
         *("--envs", "2", "--windows", "4", "--seconds", "0.3", "--warmup", "0.3"),
         *("--settle", "1", "--frames-per-batch", "64"),
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((tmp_path / "srv" / "server_nice.json").read_text())
     median = report["fps_nice-5/fps_nice0"]["median"]
-    assert done.stdout.startswith(f"srv rc=0 pairs median {median:.3f} wait@0 ")
+    assert line.startswith(f"srv rc=0 pairs median {median:.3f} wait@0 ")
     windows = report["windows"]
     assert [w["nice"] for w in windows] == [0, -5, -5, 0]  # pairs open with each in turn
     for w in windows:
@@ -380,12 +384,9 @@ def test_server_nice_experiment(tmp_path):
 
 def test_interleaved_vector_experiment(tmp_path):
     # Run as a device call runs it: through on_tree.py, whose one line must be the JSON's.
-    done = on_tree(ROOT / "src", "tiny", tmp_path, "interleaved_vector.py", *INTERLEAVED_TINY)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (tmp_path / "tiny.log").stat().st_size > 0
-    report = json.loads((tmp_path / "tiny" / "interleaved_vector.json").read_text())
+    line, report = experiment(tmp_path, "tiny", "interleaved_vector.py", *INTERLEAVED_TINY)
     s = report["summary"]
-    assert done.stdout == (
+    assert line == (
         f"tiny rc=0 collector/hand_loop {s['collector/hand_loop']['median']:.3f} "
         f"collector/env_only {s['collector/env_only']['median']:.3f} "
         f"hand_loop/env_only {s['hand_loop/env_only']['median']:.3f} "
