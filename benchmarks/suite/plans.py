@@ -456,7 +456,7 @@ def _vector_series(
     if hand:
         runs[f"hand_loop[{_vector_name(one)}]"] = config("atari_vector", one)
     for transport, layout, backend in layouts:
-        how = f"{transport}, " + ('inference_backend="worker", ' if backend == "worker" else "")
+        how = f"{transport}, " + (f'inference_backend="{backend}", ' if backend != "thread" else "")
         runs[f"rlcollect[{how}{_vector_name(layout)}]"] = config(
             "vector_rlcollect", layout, transport=transport, backend=backend
         )
@@ -484,8 +484,13 @@ def _vector_series(
             "rlcollect: one worker per vector env (a thread, or a process with "
             "process_slots), defaults otherwise"
             + (
-                '; inference_backend="worker" runs the policy in the vector env\'s own '
-                "worker, as the hand loop does."
+                '; inference_backend="process" serves the policy from a process of its own'
+                if any(backend == "process" for _, _, backend in layouts)
+                else ""
+            )
+            + (
+                '; inference_backend="worker" runs the policy in each vector env\'s own '
+                "worker" + (", as the hand loop does." if hand else ".")
                 if any(backend == "worker" for _, _, backend in layouts)
                 else "."
             ),
@@ -521,6 +526,9 @@ def vector_layouts(m: Machine) -> Series:
     the H200, most of it building the vector envs)."""
     _, _, _, many = _vector_sizes(m)
     layouts = [("process_slots", layout, "thread") for layout in many]
+    # Where the policy runs, for the first layout: a server process of its own, and a
+    # copy in each vector env's worker (a CUDA context per worker on a GPU).
+    layouts += [("process_slots", many[0], backend) for backend in ("process", "worker")]
     if m.quick:
         layouts = layouts[:1]
     return _vector_series(
