@@ -26,6 +26,7 @@ from helpers import (
 
 from rlcollect import AsyncBatchedCollector, InferenceError
 from rlcollect.errors import RemoteTraceback
+from rlcollect.testing import CountingVectorEnv
 
 
 def process_collector(policy=None, **kwargs):
@@ -46,6 +47,33 @@ def test_streams_and_budget():
     assert [b.batch_size[0] for b in batches] == [64] * 10
     assert c.stats()["server"]["rows"] >= 640  # the final figures outlive the process
     check_counting_streams(torch.cat(batches))
+    check_backend_gone(c)
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_asynchronous_vector_envs_give_whole_streams(mode):
+    """Vector envs whose results name arbitrary subsets of their sub-envs, each in a
+    worker process, served from the inference process: every action reaches the sub-env
+    whose observation chose it, and every batch holds whole requests."""
+    fns = [
+        functools.partial(CountingVectorEnv, 4 * i, 4, 2, autoreset_mode=mode, order_seed=i)
+        for i in range(3)
+    ]
+    with AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=50,
+        total_frames=900,
+        inference_backend="process",
+        policy_device="cpu",
+    ) as c:
+        data = collect(c)
+        sizes = c.stats()["server"]["batch_sizes"]
+    assert c.num_envs == 12
+    assert data.batch_size[0] == 900
+    check_counting_streams(data)  # routing, order, no gap, reset steps never transitions
+    assert set(data["env_index"].unique().tolist()) <= set(range(12))
+    assert sizes and all(size % 2 == 0 for size in sizes), sizes
     check_backend_gone(c)
 
 
