@@ -77,14 +77,23 @@ def test_at_most_slots_minus_two_of_a_worker_are_lent():
 
 
 @pytest.mark.parametrize("factory", ["sync", "async"])
-def test_batches_dropped_as_a_loop_drops_them_are_all_lent(transport, factory):
+def test_batches_dropped_as_a_loop_drops_them_keep_being_lent(transport, factory):
+    """The loop holds one batch while it asks for the next, so each ask finds at most
+    one lent batch alive (the one dropped before it has come back) and lends the first
+    chunk it takes. How many chunks one ask takes is the scheduler's: where the worker
+    got ahead of the loop, more chunks come with the first and those past the limit of
+    two lent at once are copied. The worker has 4 slots: with the held batch lent, an
+    ask takes at most the other 3 chunks and lends one; with it copied, at most 4 and
+    lends two. So a third of the batches at least are lent (all 30 where the loop keeps
+    up; 16 where it sleeps 50 ms a batch), where a slot that never came back would stop
+    lending after 2."""
     kept = []
     with collector(transport, factory) as c:
         for b in c:
             kept.append(b.clone())  # a copy: the batch itself is dropped next round
         stats = c.stats()
     assert stats["batches"] == 30
-    assert stats["ring_batches"] == 30  # the loop holds two at most: every one was lent
+    assert stats["ring_batches"] >= 10
     check_counting_streams(torch.cat(kept))
 
 
