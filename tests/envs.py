@@ -102,6 +102,24 @@ def counting_vector(first, n, autoreset_mode="NextStep", copy=True):
     )
 
 
+def sync_factories(num_vector_envs, n, mode="NextStep"):
+    """Factories of ``num_vector_envs`` ``counting_vector``s of ``n``, consecutive ids."""
+    import functools
+
+    return [functools.partial(counting_vector, n * i, n, mode) for i in range(num_vector_envs)]
+
+
+def async_factories(num_vector_envs, n, batch, mode="NextStep"):
+    """Factories of ``num_vector_envs`` CountingVectorEnvs of ``n`` (consecutive ids),
+    each ``recv`` naming ``batch`` sub-envs picked at random (seeded per vector env)."""
+    import functools
+
+    return [
+        functools.partial(CountingVectorEnv, n * i, n, batch, autoreset_mode=mode, order_seed=i)
+        for i in range(num_vector_envs)
+    ]
+
+
 def failing_vector():
     """A SyncVectorEnv of 3 CountingEnvs whose third raises in step 4 of episode 0."""
     import functools

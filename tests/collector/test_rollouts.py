@@ -15,7 +15,7 @@ import time
 import gymnasium as gym
 import pytest
 import torch
-from envs import StepCounter, counting_vector
+from envs import StepCounter, async_factories, sync_factories
 from helpers import (
     CountingPolicy,
     ListBuffer,
@@ -41,16 +41,9 @@ def _plain(n):
     return counting_envs(n)
 
 
-def _sync_vector(num_vector_envs, n, mode):
-    return [functools.partial(counting_vector, n * i, n, mode) for i in range(num_vector_envs)]
-
-
 def _ids_in_any_order(num_vector_envs, n):
     # Stepped whole, but each result names its sub-envs in a random order (info["env_id"]).
-    return [
-        functools.partial(CountingVectorEnv, n * i, n, n, autoreset_mode="SameStep", order_seed=i)
-        for i in range(num_vector_envs)
-    ]
+    return async_factories(num_vector_envs, n, n, "SameStep")
 
 
 # name: (env factories, number of envs, collector kwargs)
@@ -58,8 +51,8 @@ SOURCES = {
     "plain": (_plain(4), 4, {}),
     "envs_per_worker": (_plain(6), 6, {"envs_per_worker": 3}),
     "worker_splits": (_plain(4), 4, {"envs_per_worker": 4, "worker_splits": 2}),
-    "vector-SameStep": (_sync_vector(2, 3, "SameStep"), 6, {}),
-    "vector-Disabled": (_sync_vector(2, 2, "Disabled"), 4, {"envs_per_worker": 2}),
+    "vector-SameStep": (sync_factories(2, 3, "SameStep"), 6, {}),
+    "vector-Disabled": (sync_factories(2, 2, "Disabled"), 4, {"envs_per_worker": 2}),
     "vector-ids-in-any-order": (_ids_in_any_order(2, 3), 6, {}),
 }
 
@@ -231,7 +224,7 @@ def test_bad_on_policy_input_is_refused_at_construction(kwargs, message):
 @pytest.mark.parametrize(
     ("env_fns", "message"),
     [
-        (_sync_vector(2, 2, "NextStep"), "NextStep autoreset"),
+        (sync_factories(2, 2, "NextStep"), "NextStep autoreset"),
         (
             [functools.partial(CountingVectorEnv, 0, 4, 2, autoreset_mode="SameStep")],
             "driven with send/recv",

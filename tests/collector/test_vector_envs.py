@@ -16,9 +16,11 @@ from envs import (
     LyingIds,
     StepCounter,
     StepCountingVector,
+    async_factories,
     cartpole,
     counting_vector,
     failing_vector,
+    sync_factories,
 )
 from helpers import (
     CountingPolicy,
@@ -34,17 +36,6 @@ from rlcollect import AsyncBatchedCollector, WorkerError
 from rlcollect.testing import CountingEnv, CountingVectorEnv
 
 MODES = ["NextStep", "SameStep", "Disabled"]
-
-
-def sync_factories(num_vector_envs, n, mode="NextStep"):
-    return [functools.partial(counting_vector, n * i, n, mode) for i in range(num_vector_envs)]
-
-
-def async_factories(num_vector_envs, n, batch, mode="NextStep"):
-    return [
-        functools.partial(CountingVectorEnv, n * i, n, batch, autoreset_mode=mode, order_seed=i)
-        for i in range(num_vector_envs)
-    ]
 
 
 def run(env_fns, transport, **kwargs):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from envs import async_factories
 from helpers import (
     CountingPolicy,
     FailingPolicy,
@@ -26,7 +27,6 @@ from helpers import (
 
 from rlcollect import AsyncBatchedCollector, InferenceError
 from rlcollect.errors import RemoteTraceback
-from rlcollect.testing import CountingVectorEnv
 
 
 def process_collector(policy=None, **kwargs):
@@ -55,10 +55,7 @@ def test_asynchronous_vector_envs_give_whole_streams(mode):
     """Vector envs whose results name arbitrary subsets of their sub-envs, each in a
     worker process, served from the inference process: every action reaches the sub-env
     whose observation chose it, and every batch holds whole requests."""
-    fns = [
-        functools.partial(CountingVectorEnv, 4 * i, 4, 2, autoreset_mode=mode, order_seed=i)
-        for i in range(3)
-    ]
+    fns = async_factories(3, 4, 2, mode)
     with AsyncBatchedCollector(
         fns,
         CountingPolicy(),
