@@ -6,10 +6,12 @@ chunks and copying them into batches. This collects 4 ale-py Pong envs (4x105x80
 frames, ``benchmarks/common.py``) with the small CNN on the CPU in batches of 1024, drops
 each batch as a training loop would, and prints the driver's CPU milliseconds per frame
 (``time.process_time``, every thread of this process) after the first batch, with
-``stats()["batch_memory_reuses"]`` where the ``rlcollect`` imported has it. For an A/B,
+``stats()["batch_memory_reuses"]`` and ``["ring_batches"]`` (batches that viewed the
+ring: with 16 envs, 4 per worker, one slot of every worker is a batch) where the
+``rlcollect`` imported has them. For an A/B,
 run it once per tree, interleaved (``PYTHONPATH=<tree>/src``)::
 
-    python benchmarks/experiments/driver_cpu.py [--frames 16384]
+    python benchmarks/experiments/driver_cpu.py [--frames 16384] [--envs 16 --envs-per-worker 4]
 
 On a GPU machine, issue 18's configuration (16 envs, the Nature CNN as a CUDA graph on
 the GPU, either inference backend)::
@@ -33,9 +35,12 @@ def main() -> None:
     p.add_argument("--envs", type=int, default=4)
     p.add_argument("--device", default="cpu", help="cuda: the Nature CNN as a CUDA graph")
     p.add_argument("--backend", choices=["process", "thread"], default="process")
+    p.add_argument("--envs-per-worker", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(1)
-    with pong_collector(args.envs, args.device, args.backend, 1024) as collector:
+    with pong_collector(
+        args.envs, args.device, args.backend, 1024, envs_per_worker=args.envs_per_worker
+    ) as collector:
         batches = iter(collector)
         next(batches)  # start-up left out
         frames, cpu, wall = 0, time.process_time(), time.perf_counter()
@@ -44,14 +49,17 @@ def main() -> None:
             frames += batch.numel()
             del batch  # let go, as a training step does
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        reuses = collector.stats().get("batch_memory_reuses")
+        stats = collector.stats()
     result = {
         "envs": args.envs,
+        "envs_per_worker": args.envs_per_worker,
         "device": args.device,
         "backend": args.backend,
         "driver_cpu_ms_per_frame": 1e3 * cpu / frames,
         "frames_per_second": frames / wall,
-        "batch_memory_reuses": reuses,
+        "batch_memory_reuses": stats.get("batch_memory_reuses"),
+        "ring_batches": stats.get("ring_batches"),
+        "batches": stats.get("batches"),
     }
     print(json.dumps(result))
 

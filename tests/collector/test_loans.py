@@ -1,9 +1,11 @@
-"""Ring batches (collector/loans.py): a chunk that is a whole batch goes out as a view of
-its ring slot, and the slot goes back to its worker once the caller lets go of it.
+"""Ring batches (collector/loans.py): a batch goes out as a view of the ring, and its
+slots go back to their workers once the caller lets go of it.
 
 One vector env per worker whose chunk is ``frames_per_batch`` rows (the default chunk
 size gives that); CountingEnvs tell each row's env, episode and step, so a slot written
-while a caller still held it shows as a changed batch or a broken stream.
+while a caller still held it shows as a changed batch or a broken stream. A slot of
+every worker lent as one batch (envs stepped one by one) is tested in
+``test_slot_batches.py``.
 """
 
 import functools
@@ -16,7 +18,7 @@ from envs import counting_vector
 from helpers import CountingPolicy, check_counting_streams
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.loans import RingLoans
+from rlcollect.collector.loans import RingLoans, lending
 from rlcollect.testing import CountingVectorEnv
 from rlcollect.transports import ThreadQueueTransport
 
@@ -158,3 +160,34 @@ def test_no_lending_where_credits_do_not_name_slots():
         assert c.stats()["ring_batches"] == 0
         assert c.transport.names_slots is False
     check_counting_streams(data)
+
+
+# ------------------------------------------------------------------ which batches lend
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({}, "slot"),
+        ({"slot_rows": 64}, ""),  # a slot of every worker is not a batch
+        ({"names_slots": False}, ""),  # lent slots would come back out of turn
+        ({"copies_only": True}, ""),  # on-policy rounds, restarts
+        ({"backend": "thread"}, ""),  # in place: only with the server in its own process
+        ({"backend": "worker"}, ""),
+        ({"vector": True}, "chunk"),
+        ({"vector": True, "backend": "thread"}, "chunk"),  # staged: never page-locked
+        ({"vector": True, "worker_rows": 32}, ""),
+    ],
+)
+def test_how_batches_may_view_the_ring(kwargs, expected):
+    args = {
+        "vector": False,
+        "names_slots": True,
+        "copies_only": False,
+        "backend": "process",
+        "worker_rows": 128,
+        "slot_rows": 128,
+        "frames_per_batch": 128,
+        **kwargs,
+    }
+    assert lending(**args) == expected

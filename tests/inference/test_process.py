@@ -50,6 +50,23 @@ def test_streams_and_budget():
     check_backend_gone(c)
 
 
+def test_batches_view_a_slot_of_every_worker_of_a_ring_the_server_reads_position_major():
+    """Envs stepped one by one whose slot of every worker is a batch: the ring is laid
+    out position-major, the inference process gathers and scatters its requests by the
+    rows that memory order gives, and batches are lent views of it. The server answers
+    no env before every env has asked, which keeps the workers in step: then at least a
+    third of the batches are lent (tests/collector/test_slot_batches.py says why)."""
+    with process_collector(
+        n=8, envs_per_worker=2, worker_splits=2, frames_per_batch=128, total_frames=1280,
+        min_batch_size=8, batch_timeout=30.0,
+    ) as c:  # fmt: skip
+        kept = [b.clone() for b in c]
+        stats = c.stats()
+    assert stats["batches"] == 10 and stats["ring_batches"] >= 4
+    check_counting_streams(torch.cat(kept))
+    check_backend_gone(c)
+
+
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
 def test_asynchronous_vector_envs_give_whole_streams(mode):
     """Vector envs whose results name arbitrary subsets of their sub-envs, each in a

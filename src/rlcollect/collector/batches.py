@@ -7,9 +7,10 @@ order and are consumed in order, and a chunk's rows are laid out step-major, so 
 boundary (or the end of ``total_frames``) cuts every env's stream at one point: no gap,
 no duplicate.
 
-Where a chunk is a whole batch and the plan lends (``loans.py``), no row is copied: the
-batch views the chunk's slot, which goes back to its worker once the caller lets go of
-the batch.
+Where a chunk is a whole batch and the plan lends it (``"chunk"``, ``loans.py``), no row
+is copied: the batch views the chunk's slot, which goes back to its worker once the
+caller lets go of the batch. Where one slot of every worker is a batch (``"slot"``),
+``slot_batches.py`` builds them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from rlcollect.collector.builder import ChunkBuilder
-from rlcollect.collector.loans import RingLoans, ring_mapping
+from rlcollect.collector.loans import Lending, RingLoans, ring_mapping
 from rlcollect.processes import lend_pages
 from rlcollect.transports.layout import Key, RingLayout
 
@@ -37,16 +38,18 @@ class BatchBuilder(ChunkBuilder):
         *,
         frames_per_batch: int,
         total_frames: int,
-        lend: bool = False,
+        lend: Lending = "",
     ) -> None:
         super().__init__(layout, ring)
         self._rows_per_chunk = layout.chunk_steps * layout.envs_per_worker
         self._loans: RingLoans | None = None
+        self._batches_lent = 0
         if lend:
-            if self._rows_per_chunk != frames_per_batch:
+            rows = self._rows_per_chunk * (layout.num_workers if lend == "slot" else 1)
+            if rows != frames_per_batch:
                 raise ValueError(
-                    f"a chunk of {self._rows_per_chunk} rows is not a batch of "
-                    f"{frames_per_batch}: only whole batches are lent"
+                    f"a {lend} of {rows} rows is not a batch of {frames_per_batch}: only "
+                    "whole batches are lent"
                 )
             self._loans = RingLoans(layout.num_workers, layout.slots)
             mapping = ring_mapping(ring)
@@ -68,15 +71,20 @@ class BatchBuilder(ChunkBuilder):
 
     @property
     def lent(self) -> int:
-        return 0 if self._loans is None else self._loans.count
+        return self._batches_lent
 
     def returned(self) -> list[tuple[int, int]]:
         return [] if self._loans is None else self._loans.returned()
 
-    def add_chunk(self, worker: int, slot: int) -> bool:
+    def add_chunk(self, worker: int, slot: int) -> list[tuple[int, int]]:
         if self._loans is not None and self._size and self._loans.can_lend(worker):
             self._lend(worker, slot, self._loans)
-            return False
+            return []
+        self._copy_chunk(worker, slot)
+        return [(worker, slot)]
+
+    def _copy_chunk(self, worker: int, slot: int) -> None:
+        """Copy chunk ``slot`` of ``worker`` into the batches being built."""
         rows = self._rows_per_chunk
         start = slot * self._steps
         taken = 0
@@ -86,16 +94,17 @@ class BatchBuilder(ChunkBuilder):
                 self._allocate(self._size)  # a batch's memory is taken at its first rows
             for field in self._fields:
                 src = self._ring[field.key][worker, start : start + self._steps]
-                src = src.reshape(rows, *field.shape)
-                dst = self._arrays[field.key]
-                np.copyto(dst[self._filled : self._filled + n], src[taken : taken + n])
+                dst = self._arrays[field.key][self._filled : self._filled + n]
+                if n == rows:  # the whole chunk: one copy, in any ring memory order
+                    np.copyto(dst.reshape(src.shape), src)
+                else:
+                    np.copyto(dst, src.reshape(rows, *field.shape)[taken : taken + n])
             taken += n
             self._filled += n
             if self._filled == self._size:
                 self._queue((self._size,))
                 self._new_batch()
         # Rows past total_frames (taken < rows here) are the end of every stream: dropped.
-        return True
 
     def _lend(self, worker: int, slot: int, loans: RingLoans) -> None:
         """The batch being built is the chunk ``slot`` of ``worker`` itself: its first
@@ -110,6 +119,7 @@ class BatchBuilder(ChunkBuilder):
         ]
         arrays = [a[: self._size] for a in arrays]  # new views: only the tensors hold them
         loans.lend(worker, slot, arrays)
+        self._batches_lent += 1
         self._tensors = {
             f.key: torch.from_numpy(a) for f, a in zip(self._fields, arrays, strict=True)
         }

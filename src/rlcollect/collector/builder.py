@@ -57,10 +57,11 @@ class ChunkBuilder(abc.ABC):
         return self._ready.popleft()
 
     @abc.abstractmethod
-    def add_chunk(self, worker: int, slot: int) -> bool:
-        """Take chunk ``slot`` of ``worker`` into the batch being built: True if it was
-        copied out of the ring (the slot may be reused now), False if it was lent to the
-        batch (``loans.py``: :meth:`returned` says when it may be)."""
+    def add_chunk(self, worker: int, slot: int) -> list[tuple[int, int]]:
+        """Take chunk ``slot`` of ``worker`` towards the batches: the ``(worker, slot)``
+        pairs copied out of the ring by now (their slots may be reused). A chunk not
+        among them was lent to a batch (``loans.py``: :meth:`returned` says when its
+        slot may be reused) or waits for the rest of its batch's slot."""
 
     @property
     def lent(self) -> int:

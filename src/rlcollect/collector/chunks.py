@@ -4,8 +4,8 @@
 
     transport ── wait_chunks() → [(worker, slot), ...] ──▶ (restarts: hold the latest
                                                             chunk of each worker back)
-                                                       ──▶ BatchBuilder.add_chunk (one copy,
-                                                            or the slot lent: loans.py)
+                                                       ──▶ builder.add_chunk (one copy, or
+                                                            lent: loans.py, slot_batches.py)
               ◀── release(worker, slot) ──────────────────  the slot is the worker's again
               ◀── release(worker, slot) ◀── builder.returned(): lent, now let go of
     batch ready ──▶ train_ratio throttle ──▶ quiet point ──▶ replay_buffer.extend ──▶ caller
@@ -46,6 +46,7 @@ from rlcollect.collector.episodes import EpisodeStats
 from rlcollect.collector.plan import Plan, program
 from rlcollect.collector.restarts import WorkerRestarts
 from rlcollect.collector.rollouts import RolloutBuilder, RoundGate
+from rlcollect.collector.slot_batches import SlotBatchBuilder
 from rlcollect.collector.stall import StallWatch
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
@@ -114,6 +115,13 @@ class ChunkLoop:
                 plan.layout, end.buffers, num_envs=plan.num_envs, total_frames=plan.total_frames
             )
             gate = RoundGate(end, server, plan.layout.num_workers)
+        elif plan.lend == "slot":
+            builder = SlotBatchBuilder(
+                plan.layout,
+                end.buffers,
+                frames_per_batch=plan.frames_per_batch,
+                total_frames=plan.total_frames,
+            )
         else:
             builder = BatchBuilder(
                 plan.layout,
@@ -212,11 +220,11 @@ class ChunkLoop:
                     if held is None:
                         continue
                     slot = held
-                copied = builder.add_chunk(worker, slot)
-                if gate is not None:
-                    gate.hold(worker, slot)  # given back when the next batch is asked for
-                elif copied:
-                    end.release(worker, slot)
+                for copied in builder.add_chunk(worker, slot):
+                    if gate is not None:
+                        gate.hold(*copied)  # given back when the next batch is asked for
+                    else:
+                        end.release(*copied)
             self._check_server()
         if gate is not None:
             gate.close()

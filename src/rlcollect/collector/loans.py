@@ -1,12 +1,22 @@
-"""Ring batches: a chunk that is a whole batch goes out as a view of its ring slot.
+"""Ring batches: a batch that lies whole in the ring goes out as a view of it.
 
-Where one chunk holds exactly ``frames_per_batch`` rows (a single worker, such as one
-vector env holding every env, with the default ``transition_chunk_size="auto"``), the
-chunk's rows are the batch, in order, in one contiguous block of each field. Copying
-them out (``batches.py``) costs the consuming thread about 0.01 ms of CPU per Pong frame
-(67 KB), which on a machine whose cores all step envs is taken from the envs. So the
-batch's tensors view the slot itself, and the slot goes back to its worker only once
-the caller lets go of the batch::
+Two kinds of batch lie whole in the ring (:func:`lending` says which a collector lends):
+
+* ``"chunk"``: one chunk holds exactly ``frames_per_batch`` rows (a single worker, such
+  as one vector env holding every env, with the default ``transition_chunk_size=
+  "auto"``): the chunk's rows are the batch, in order, one contiguous block of each
+  field.
+* ``"slot"``: envs stepped one by one, whose one slot of every worker holds exactly
+  ``frames_per_batch`` rows (``"auto"`` gives each env ``frames_per_batch // num_envs``
+  steps where that is at most 64). The ring is then laid out position-major
+  (``transports/layout.py``), so that slot of every worker is one contiguous block;
+  ``batches.py`` says how the workers' chunks of one slot are gathered into one batch.
+
+Copying a batch out (``batches.py``) costs the consuming thread about 0.01 ms of CPU per
+Pong frame (67 KB) on the H200 (0.02-0.04 ms on 2 cores), which on a machine whose cores
+all step envs is taken from the envs. So the batch's tensors view the ring itself, and
+its slots go back to their workers only once the caller lets go of the batch (a chunk's
+lending is drawn; a slot's is the same, for every worker's chunk of the slot at once)::
 
     worker hands over (w, s) ──▶ BatchBuilder.add_chunk: a slot of a whole batch, and
                                  RingLoans.can_lend(w)? ── no ──▶ copied, released now
@@ -30,9 +40,11 @@ cycle keeps its slot until the garbage collector frees it.
 Why the worker never stalls on a caller who keeps batches: at most ``slots - 2`` slots
 of a worker are lent at once. The worker always has one slot to write and one more to
 go on with once that one is full, as with copied batches (the ring has 4 slots where it
-lends, against 2 otherwise: ``plan.py``); a chunk that would exceed the limit is copied
-into memory of its own and its slot released at once. The common loop, ``for batch in
-collector``, holds the previous batch while the next one is built, so it holds two.
+lends, against 2 otherwise: ``plan.py``); a batch that would exceed the limit is copied
+into memory of its own and its slots released at once. (With ``"slot"`` a worker may
+still wait for the slowest worker to finish the same slot: ``slot_batches.py``.) The
+common loop, ``for batch in collector``, holds the previous batch while the next one is
+built, so it holds two.
 
 Why a caller's batch survives ``close()``: the transport gives the ring's memory back at
 once (``processes.release_mapping``) unless a lent batch is still alive (:meth:`alive`,
@@ -45,14 +57,61 @@ from __future__ import annotations
 import mmap
 import weakref
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
 from rlcollect.transports.layout import Key
 
-__all__ = ["LEND_SLOTS", "RingLoans", "ring_mapping"]
+__all__ = ["LEND_SLOTS", "Lending", "RingLoans", "lending", "ring_mapping"]
 
 LEND_SLOTS = 4  # ring slots per worker where chunks are lent (see the module docstring)
+
+Lending = Literal["", "chunk", "slot"]
+"""How batches view the ring: ``"chunk"``, a worker's chunk is a batch; ``"slot"``, one
+slot of every worker is (a position-major ring); ``""``, every batch is copied out."""
+
+
+def lending(
+    *,
+    vector: bool,
+    names_slots: bool,
+    copies_only: bool,
+    backend: str,
+    worker_rows: int,
+    slot_rows: int,
+    frames_per_batch: int,
+) -> Lending:
+    """Whether batches may view the ring, and how.
+
+    Args:
+        vector: the envs are vector envs (their requests read staging cells).
+        names_slots: the transport's credits name the slot they give back; lent slots
+            come back in any order.
+        copies_only: on-policy rounds or worker restarts: restarts rewrite a worker's
+            slots, and rounds hold their slots until the next batch is asked for.
+        backend: the inference backend.
+        worker_rows: rows of one worker's chunk.
+        slot_rows: rows of one slot of every worker.
+        frames_per_batch: rows of a batch.
+    """
+    if copies_only or not names_slots:
+        return ""
+    if vector:
+        # Requests read staging cells, so the transition fields are never page-locked for
+        # the GPU, and a caller's batch.to("cuda", non_blocking=True) is staged by CUDA
+        # (pageable memory) before it returns: never read from a slot written again.
+        return "chunk" if worker_rows == frames_per_batch else ""
+    if backend != "process":
+        # In place, only where the server is in a process of its own, and the copy is
+        # nearly all the driver does. The server thread with a GPU policy page-locks the
+        # observation fields in this process, where a caller's non_blocking copy up from
+        # a lent batch would return before its DMA has read them; the policy in each
+        # worker on a GPU views its worker's rows as one run, which a position-major
+        # ring does not give it. (The inference process page-locks its own mapping,
+        # which this process's copies do not see as page-locked.)
+        return ""
+    return "slot" if slot_rows == frames_per_batch else ""
 
 
 class RingLoans:

@@ -29,7 +29,7 @@ import torch
 from gymnasium import spaces
 
 from rlcollect.collector import checks
-from rlcollect.collector.loans import LEND_SLOTS
+from rlcollect.collector.loans import LEND_SLOTS, Lending, lending
 from rlcollect.collector.probe import (
     build_policy,
     observation_fields,
@@ -88,8 +88,10 @@ class Plan:
     on_policy: bool = False
     #: On-policy only: 1 starts round k+1 when batch k is handed out (``ahead.py``).
     policy_lag: int = 0
-    #: Batches are views of their ring slot, lent until let go (``loans.py``).
-    lend: bool = False
+    #: Batches are views of the ring, lent until let go (``loans.py``): ``"chunk"``,
+    #: one worker's chunk is a batch; ``"slot"``, one slot of every worker is; ``""``,
+    #: every batch is copied out.
+    lend: Lending = ""
 
     @property
     def envs_per_worker(self) -> int:
@@ -276,23 +278,18 @@ def plan_collection(
     slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
     if on_policy:
         slots = _ROUND_SLOTS
-    # A chunk that is a whole batch goes out as a view of its slot (collector/loans.py),
-    # where the transport's credits name the slot they give back: lent slots come back
-    # in any order. Only with vector envs: their requests read staging cells, so the
-    # transition fields are never page-locked for the GPU, and a caller's asynchronous
-    # copy up from a batch (non_blocking=True) is then staged by CUDA before it returns,
-    # never read from a slot a worker may be writing again. Restarts rewrite a worker's
-    # slots.
-    lend = (
-        source.vector
-        and transport_obj.names_slots
-        and not on_policy
-        and not max_worker_restarts
-        and chunk_steps * worker_envs == frames_per_batch
+    num_workers = len(env_fns) // envs_per_worker
+    lend = lending(
+        vector=source.vector,
+        names_slots=transport_obj.names_slots,
+        copies_only=on_policy or max_worker_restarts > 0,
+        backend=inference_backend,
+        worker_rows=chunk_steps * worker_envs,
+        slot_rows=chunk_steps * num_envs,
+        frames_per_batch=frames_per_batch,
     )
     if lend:
         slots = LEND_SLOTS
-    num_workers = len(env_fns) // envs_per_worker
     checks.warn_of_thread_oversubscription(num_workers)
     layout = RingLayout(
         fields=transition_fields(
@@ -305,6 +302,7 @@ def plan_collection(
         groups=splits,
         staging=staging,
         rounds=on_policy,
+        position_major=lend == "slot",
     )
     outputs = {f.key: f for f in (action_field, *extra_fields)}
     inference = InferenceConfig(

@@ -77,7 +77,7 @@ class RolloutBuilder(ChunkBuilder):
         """True once every batch of ``total_frames`` has been built."""
         return self._remaining == 0
 
-    def add_chunk(self, worker: int, slot: int) -> bool:
+    def add_chunk(self, worker: int, slot: int) -> list[tuple[int, int]]:
         """Copy worker ``worker``'s round (slot ``slot``) into its rows of the batch."""
         t, k = self._steps, self._k
         start = slot * t
@@ -101,7 +101,7 @@ class RolloutBuilder(ChunkBuilder):
             if self._remaining > 0:
                 self._remaining -= 1
             self._new_batch()
-        return True
+        return [(worker, slot)]
 
     def _new_batch(self) -> None:
         self._copied = 0

@@ -15,7 +15,10 @@ round of the loop visits the groups in order, at ring position ``p``::
     step     step group g's envs; write reward, flags and the next observation at p;
              an episode's end writes its true final observation, then resets
     advance  when p was a chunk's last position: the last group hands the chunk over,
-             the first group first takes the next slot (backpressure)
+             the first group first takes the next slot (backpressure): the one the
+             transport gives back where it names it (``names_slots``; a batch lent to
+             the caller gives its slots back whenever the caller lets go of it:
+             ``collector/loans.py``), else the next in turn
     write    group g's current observations at p + 1, then request them
 
 Requests are numbered ``q = p * groups + g`` (the ring's in-place request layout), and
@@ -212,8 +215,8 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
 
     enter, leave, STEP, RESET = progress.enter, progress.leave, Stage.STEP, Stage.RESET
     discrete = spec.discrete_actions
-    p = 0
-    end.wait_slot()
+    given = end.wait_slot()
+    p = 0 if given is None or spec.on_policy else given * steps
     if spec.on_policy:
         end.wait_slot()  # the first round's go-ahead: weights set before it are used
     for g in range(groups):
@@ -272,7 +275,9 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                 if g == groups - 1:
                     end.hand_over(p // steps)
                 if g == 0:
-                    end.wait_slot()
+                    given = end.wait_slot()
+                    if given is not None:  # the slot given back (where credits name it)
+                        nxt = given * steps
                 emit(nxt, g)
         if new_slot and spec.on_policy:
             # The round's end: every group has stepped; the next round's requests wait

@@ -3,9 +3,18 @@
 Each worker owns ``slots`` chunk buffers of ``chunk_steps`` steps for each of its
 ``envs_per_worker`` envs (env columns: sub-envs of vector envs count one by one). A
 *position* ``p = slot * chunk_steps + t`` names one step of one worker; every
-transition field is laid out as ``[num_workers, positions, envs_per_worker, *shape]``,
-so the driver copies a chunk out with one slice. All fields share one flat buffer,
-which is what makes a single shared-memory segment enough for a whole collector.
+transition field is seen as ``[num_workers, positions, envs_per_worker, *shape]``, so
+the driver copies a chunk out with one slice. All fields share one flat buffer, which
+is what makes a single shared-memory segment enough for a whole collector.
+
+In memory a field is either *worker-major* (the default: the view's own order, one
+worker's positions after another's) or *position-major* (``position_major=True``:
+``[positions, num_workers, envs_per_worker, *shape]``, the same view seen through a
+swap of its first two axes). Position-major, one slot of every worker is a single
+contiguous block of ``chunk_steps * num_workers * envs_per_worker`` rows
+(:meth:`RingLayout.slot_block`): where that is a whole batch, the batch can view the
+ring instead of copying it (``collector/loans.py``). Every view keeps its shape either
+way; only the flat row numbers of requests (:func:`request_rows`) follow the memory.
 
 Requests (what the inference server reads observations from and writes actions into)
 address the ring in one of two ways, fixed per collector:
@@ -154,6 +163,10 @@ class RingLayout:
         rounds: workers run in on-policy rounds (``on_policy=True``): every group steps
             a slot's last position before the worker waits for the next slot, so one
             slot is enough with ``groups > 1``.
+        position_major: transition fields lie ``[positions, num_workers,
+            envs_per_worker, *shape]`` in memory, so that one slot of every worker is
+            one block (:meth:`slot_block`). The views are the same either way; with
+            several workers, in place only.
 
     Raises:
         ValueError: a size that is not a positive int, duplicate or reserved keys,
@@ -185,6 +198,7 @@ class RingLayout:
     groups: int = 1
     staging: Staging | None = None
     rounds: bool = False
+    position_major: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "envs_per_worker", "chunk_steps", "slots", "groups"):
@@ -210,6 +224,10 @@ class RingLayout:
             missing = set(self.staging.keys) - set(keys)
             if missing:
                 raise ValueError(f"Staging names fields the ring lacks: {sorted(missing)}")
+            if self.position_major and self.num_workers > 1:
+                # A vector env's worker writes its chunk rows as one run of its part of
+                # the ring, which position-major memory does not give it.
+                raise ValueError("a staged RingLayout of several workers cannot be position_major")
 
     @property
     def positions(self) -> int:
@@ -231,8 +249,8 @@ class RingLayout:
     def _arrays(self) -> Iterator[tuple[Key, tuple[int, ...], np.dtype[np.generic]]]:
         w, p, k = self.num_workers, self.positions, self.envs_per_worker
         by_key = {f.key: f for f in self.fields}
-        for f in self.fields:
-            yield f.key, (w, p, k, *f.shape), f.dtype
+        for f in self.fields:  # in memory order (views swaps position-major back)
+            yield f.key, ((p, w) if self.position_major else (w, p)) + (k, *f.shape), f.dtype
         if self.staging is not None:
             for key in self.staging.keys:
                 f = by_key[key]
@@ -287,9 +305,48 @@ class RingLayout:
         if flat.size < self.nbytes:
             raise ValueError(f"buffer holds {flat.size} bytes, the ring needs {self.nbytes}")
         out: dict[Key, np.ndarray] = {}
+        transition = {f.key for f in self.fields}
         for key, shape, dtype, offset, nbytes in self._offsets():
-            out[key] = flat[offset : offset + nbytes].view(dtype).reshape(shape)
+            array = flat[offset : offset + nbytes].view(dtype).reshape(shape)
+            if self.position_major and key in transition:
+                array = array.swapaxes(0, 1)  # seen [num_workers, positions, ...] as ever
+            out[key] = array
         return out
+
+    def slot_block(self, views: Mapping[Key, np.ndarray], key: Key, slot: int) -> np.ndarray:
+        """Slot ``slot`` of every worker, as one contiguous view of position-major memory:
+        ``[chunk_steps * num_workers * envs_per_worker, *shape]``, rows ordered by step,
+        then worker, then env.
+
+        Args:
+            views: what :meth:`views` returned.
+            key: a transition field's key.
+            slot: the slot.
+
+        Returns:
+            A view of the ring (never a copy).
+
+        Raises:
+            ValueError: the layout is not position-major (and has several workers).
+
+        Examples:
+            >>> from rlcollect.testing import counting_layout
+            >>> import dataclasses
+            >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+            >>> layout = dataclasses.replace(layout, position_major=True)
+            >>> views = layout.views(bytearray(layout.nbytes))
+            >>> views[("step",)][1, 4:8] = [[7, 7, 7]] * 4  # worker 1's slot 1
+            >>> block = layout.slot_block(views, ("step",), 1)
+            >>> block.shape, block.flags.c_contiguous, block[:6].tolist()
+            ((24,), True, [0, 0, 0, 7, 7, 7])
+        """
+        if not self.position_major and self.num_workers > 1:
+            raise ValueError("slot_block needs a position_major ring")
+        start = slot * self.chunk_steps
+        array = views[key].swapaxes(0, 1)[start : start + self.chunk_steps]
+        block: np.ndarray = array.reshape(-1, *array.shape[3:])
+        assert not block.flags.owndata  # a view: the reshape did not copy
+        return block
 
     def request_sources(self, views: Mapping[Key, np.ndarray], key: Key) -> np.ndarray:
         """Where requests read or write field ``key``: ``[rows, *shape]``, all workers.
@@ -318,6 +375,8 @@ class RingLayout:
             array = views[(STAGED, *key)]
             return array.reshape(-1, *array.shape[2:])
         array = views[key]
+        if self.position_major:
+            array = array.swapaxes(0, 1)  # memory order: rows are (position, worker, env)
         return array.reshape(-1, *array.shape[3:])
 
 
@@ -354,8 +413,12 @@ def request_rows(
         cells = views[(STAGED, "rows")][workers, requests]
         rows: np.ndarray = (workers[:, None] * per_worker + cells).reshape(-1)
         return rows.astype(np.intp, copy=False)
-    per_worker = layout.positions * layout.envs_per_worker
-    first = workers * per_worker + requests * c
+    k = layout.envs_per_worker
+    if layout.position_major:
+        position, group = np.divmod(requests, layout.groups)
+        first = (position * layout.num_workers + workers) * k + group * c
+    else:
+        first = workers * (layout.positions * k) + requests * c  # q * c == p * k + g * c
     out: np.ndarray = (first[:, None] + np.arange(c)).reshape(-1)
     return out.astype(np.intp, copy=False)
 
@@ -386,9 +449,12 @@ def request_envs(layout: RingLayout, rows: np.ndarray) -> np.ndarray:
         [0, 1, 2, 3]
     """
     k = layout.envs_per_worker
-    per_worker = 2 * k if layout.staging is not None else layout.positions * k
     rows = rows.astype(np.int64, copy=False)
-    out: np.ndarray = (rows // per_worker) * k + rows % k
+    if layout.staging is None and layout.position_major:  # rows [p, w, c]
+        out: np.ndarray = (rows // k) % layout.num_workers * k + rows % k
+        return out
+    per_worker = 2 * k if layout.staging is not None else layout.positions * k
+    out = (rows // per_worker) * k + rows % k
     return out
 
 

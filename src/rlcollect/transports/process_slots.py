@@ -45,8 +45,9 @@ The ring protocol (who writes what, in what order, why it is safe):
   touch the slot again until it has read a byte from ``credits[i]`` naming it, which
   the driver writes after it has copied the slot out (or, for a batch lent to the
   caller, once the caller let go of it: ``collector/loans.py``). ``credits[i]`` starts
-  with one byte per slot, 0 up; a worker that writes its slots in turn may ignore the
-  byte, since the driver then gives them back in the order they came.
+  with one byte per slot, 0 up, and the worker writes the slot its byte names next
+  (where nothing is lent the driver gives slots back in the order they came, which is
+  the order they were written in).
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits,
   unlinking the segment in case the driver died without doing so (its envs closed and
