@@ -65,6 +65,19 @@ def check_weight_update(
         assert bool((rows["policy_version"].diff() >= 0).all())
 
 
+def hold_first_batch(collector: Any) -> tuple[TensorDict, TensorDict, list[TensorDict], Any]:
+    """Iterate ``collector`` to its end holding its first batch all along and dropping
+    every other one once copied: (the first batch, a copy of it made at once, the copies
+    of the others, the collector's stats at the end, taken inside ``with``)."""
+    with collector as c:
+        batches = iter(c)
+        first = next(batches)
+        first_copy = first.clone()
+        rest = [b.clone() for b in batches]
+        stats = c.stats()
+    return first, first_copy, rest, stats
+
+
 def counting_envs(n: int, **kwargs: Any) -> list[Callable[[], CountingEnv]]:
     return [functools.partial(CountingEnv, i, **kwargs) for i in range(n)]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from envs import counting_vector
-from helpers import CountingPolicy, check_counting_streams
+from helpers import CountingPolicy, check_counting_streams, hold_first_batch
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.collector.loans import RingLoans, lending
@@ -118,12 +118,7 @@ def test_a_batch_held_for_good_leaves_the_others_lent_in_any_order(transport):
     out of the order they were handed over, and the worker writes the free ones. (With
     batch 0 and the loop's last batch held, the next one is a copy: about every other
     batch is lent.)"""
-    with collector(transport, total_frames=40 * FPB) as c:
-        batches = iter(c)
-        first = next(batches)
-        first_copy = first.clone()
-        rest = [b.clone() for b in batches]
-        stats = c.stats()
+    first, first_copy, rest, stats = hold_first_batch(collector(transport, total_frames=40 * FPB))
     # more than the two slots a worker may lend at once, one of them held all along
     assert stats["ring_batches"] >= 3
     assert (first == first_copy).all()

@@ -19,7 +19,13 @@ import envs
 import pytest
 import torch
 from envs import HangOnce
-from helpers import CountingPolicy, check_clean, check_counting_streams, counting_envs
+from helpers import (
+    CountingPolicy,
+    check_clean,
+    check_counting_streams,
+    counting_envs,
+    hold_first_batch,
+)
 
 from rlcollect import AsyncBatchedCollector, WorkerError
 from rlcollect.collector.slot_batches import SlotBatchBuilder
@@ -165,12 +171,7 @@ def test_kept_slot_batches_stay_intact_and_later_ones_are_copied():
 def test_a_slot_batch_held_for_good_leaves_the_others_lent():
     """Batch 0's slots stay lent to the end: every worker writes the slots given back
     after them, out of the order they were handed over, all workers in the same order."""
-    with in_step(total_frames=40 * FPB) as c:
-        batches = iter(c)
-        first = next(batches)
-        first_copy = first.clone()
-        rest = [b.clone() for b in batches]
-        stats = c.stats()
+    first, first_copy, rest, stats = hold_first_batch(in_step(total_frames=40 * FPB))
     assert stats["ring_batches"] >= 3
     assert (first == first_copy).all()
     check_counting_streams(torch.cat([first_copy, *rest]))
