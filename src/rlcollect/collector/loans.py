@@ -10,7 +10,7 @@ Two kinds of batch lie whole in the ring (:func:`lending` says which a collector
   ``frames_per_batch`` rows (``"auto"`` gives each env ``frames_per_batch // num_envs``
   steps where that is at most 64). The ring is then laid out position-major
   (``transports/layout.py``), so that slot of every worker is one contiguous block;
-  ``batches.py`` says how the workers' chunks of one slot are gathered into one batch.
+  ``slot_batches.py`` says how the workers' chunks of one slot make one batch.
 
 Copying a batch out (``batches.py``) costs the consuming thread about 0.01 ms of CPU per
 Pong frame (67 KB) on the H200 (0.02-0.04 ms on 2 cores), which on a machine whose cores

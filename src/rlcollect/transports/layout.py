@@ -249,7 +249,7 @@ class RingLayout:
     def _arrays(self) -> Iterator[tuple[Key, tuple[int, ...], np.dtype[np.generic]]]:
         w, p, k = self.num_workers, self.positions, self.envs_per_worker
         by_key = {f.key: f for f in self.fields}
-        for f in self.fields:  # in memory order (views swaps position-major back)
+        for f in self.fields:  # in memory order (``views`` swaps position-major back)
             yield f.key, ((p, w) if self.position_major else (w, p)) + (k, *f.shape), f.dtype
         if self.staging is not None:
             for key in self.staging.keys:
