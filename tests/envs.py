@@ -29,6 +29,21 @@ class StepCounter(CountingEnv):
         return super().step(action)
 
 
+class SlowCounting(CountingEnv):
+    """A CountingEnv whose every step takes ``seconds`` longer: an env slower than its
+    peers (nothing waits on the delay; it only makes the env slow)."""
+
+    def __init__(self, env_id, seconds=0.002):
+        super().__init__(env_id)
+        self.seconds = seconds
+
+    def step(self, action):
+        import time
+
+        time.sleep(self.seconds)
+        return super().step(action)
+
+
 class DictObsEnv(gym.Env):
     def __init__(self, env_id):
         self.env_id = env_id

@@ -18,7 +18,7 @@ import time
 import envs
 import pytest
 import torch
-from envs import HangOnce
+from envs import HangOnce, SlowCounting
 from helpers import (
     CountingPolicy,
     check_clean,
@@ -212,3 +212,24 @@ def test_an_env_stuck_in_its_first_reset_holds_no_other_envs_rows_back(tmp_path)
     c.shutdown()
     envs.RELEASE_HANGS.set()
     check_clean(c)
+
+
+def test_a_slow_env_keeps_its_share_of_every_batch():
+    """Env 0 steps about forty times slower than the others. Its worker's slots go back
+    only with the others' slots, so no worker gets more than 4 chunks (its slots) ahead
+    of env 0's worker; a collector copying whichever chunks come first would deliver
+    hardly any of env 0's rows. Of 40 chunks delivered the others hand over at most
+    ``c + 4`` each where env 0 hands over ``c``, so ``c >= 7``; at most 3 of those wait
+    undelivered when the budget ends (a batch is 4 chunks): env 0 delivers 4 chunks at
+    least, 64 rows. Streams stay whole, with copies and loans mixed."""
+    fns = counting_envs(4)
+    fns[0] = functools.partial(SlowCounting, 0)
+    with AsyncBatchedCollector(
+        fns, CountingPolicy(), frames_per_batch=64, total_frames=640, policy_device="cpu",
+        transport="process_slots", inference_backend="process",
+    ) as c:  # fmt: skip
+        data = torch.cat([b.clone() for b in c])
+        stats = c.stats()
+    assert stats["batches"] == 10
+    check_counting_streams(data)
+    assert int((data["env_index"] == 0).sum()) >= 64
