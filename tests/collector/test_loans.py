@@ -3,9 +3,9 @@ slots go back to their workers once the caller lets go of it.
 
 One vector env per worker whose chunk is ``frames_per_batch`` rows (the default chunk
 size gives that); CountingEnvs tell each row's env, episode and step, so a slot written
-while a caller still held it shows as a changed batch or a broken stream. A slot of
-every worker lent as one batch (envs stepped one by one) is tested in
-``test_slot_batches.py``.
+while a caller still held it shows as a changed batch or a broken stream. A block of a
+pooled ring lent as one batch (envs stepped one by one) is tested in
+``test_pool_batches.py``.
 """
 
 import functools
@@ -163,8 +163,12 @@ def test_no_lending_where_credits_do_not_name_slots():
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
-        ({}, "slot"),
-        ({"slot_rows": 64}, ""),  # a slot of every worker is not a batch
+        ({}, "pool"),
+        ({"slot_rows": 64}, ""),  # a chunk of every worker is not a batch
+        ({"recurrent": True}, ""),  # states are keyed by the env a row belongs to
+        ({"pool_places": 0}, ""),  # the transport does not serve pooled rings
+        ({"num_workers": 65}, ""),  # more places than the transport's credits name
+        ({"recurrent": True, "vector": True}, "chunk"),
         ({"names_slots": False}, ""),  # lent slots would come back out of turn
         ({"copies_only": True}, ""),  # on-policy rounds, restarts
         ({"backend": "thread"}, ""),  # in place: only with the server in its own process
@@ -183,6 +187,9 @@ def test_how_batches_may_view_the_ring(kwargs, expected):
         "worker_rows": 128,
         "slot_rows": 128,
         "frames_per_batch": 128,
+        "recurrent": False,
+        "pool_places": 256,
+        "num_workers": 64,
         **kwargs,
     }
     assert lending(**args) == expected

@@ -50,12 +50,12 @@ def test_streams_and_budget():
     check_backend_gone(c)
 
 
-def test_batches_view_a_slot_of_every_worker_of_a_ring_the_server_reads_position_major():
-    """Envs stepped one by one whose slot of every worker is a batch: the ring is laid
-    out position-major, the inference process gathers and scatters its requests by the
-    rows that memory order gives, and batches are lent views of it. The server answers
-    no env before every env has asked, which keeps the workers in step: then at least a
-    third of the batches are lent (tests/collector/test_slot_batches.py says why)."""
+def test_batches_view_blocks_of_a_pooled_ring_the_server_reads_by_place():
+    """Envs stepped one by one whose chunk of every worker is a batch: the ring is
+    pooled, the inference process gathers and scatters each request by the place its
+    worker writes, and batches are lent views of it. The server answers no env before
+    every env has asked, which keeps the workers in step: then at least a third of the
+    batches are lent (tests/collector/test_pool_batches.py says why)."""
     with process_collector(
         n=8, envs_per_worker=2, worker_splits=2, frames_per_batch=128, total_frames=1280,
         min_batch_size=8, batch_timeout=30.0,

@@ -1,9 +1,12 @@
 """RingLayout: one flat buffer, every field aligned, shapes as documented."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from rlcollect.transports.layout import (
+    PROGRESS,
     STAGED,
     Field,
     RingLayout,
@@ -121,75 +124,67 @@ def test_bad_request_layouts_are_rejected(kwargs, match):
         Staging(keys=(("action",),), columns=0)
 
 
-# ------------------------------------------------------------------- position-major
+# ------------------------------------------------------------------------- pooled
 
 
-def position_major(**kwargs):
+def pooled(**kwargs):
     sizes = {"num_workers": 3, "envs_per_worker": 4, "chunk_steps": 2, "slots": 3, **kwargs}
-    return RingLayout(fields=FIELDS, position_major=True, **sizes)
+    return RingLayout(fields=FIELDS, pooled=True, **sizes)
 
 
-def test_position_major_views_keep_their_shapes_and_fields_their_pages():
-    layout = position_major()
-    buf = np.zeros(layout.nbytes, np.uint8)
-    views = layout.views(buf)
-    assert views[("observation",)].shape == (3, 6, 4, 3, 5)  # [workers, positions, envs]
-    assert worker_views(views, 2)[("action",)].shape == (6, 4)
-    for i, arr in enumerate(views.values()):
-        assert (arr.ctypes.data - buf.ctypes.data) % 4096 == 0
-        arr[...] = i + 1
-    for i, arr in enumerate(views.values()):
-        assert (arr == i + 1).all(), "fields overlap"
-
-
-def test_a_slot_of_every_worker_is_one_block_in_step_worker_env_order():
-    layout = position_major()
+def test_a_pooled_rings_workers_each_see_every_place_and_their_own_progress():
+    layout = pooled()
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
-    action = views[("action",)]
-    workers, positions, envs = np.meshgrid(np.arange(3), np.arange(6), np.arange(4), indexing="ij")
-    action[...] = workers * 100 + positions * 10 + envs  # each cell names itself
-    block = layout.slot_block(views, ("action",), 2)  # positions 4 and 5
-    assert block.flags.c_contiguous and np.shares_memory(block, action)
-    expected = [w * 100 + p * 10 + e for p in (4, 5) for w in range(3) for e in range(4)]
+    assert views[("observation",)].shape == (3, 6, 4, 3, 5)  # the same views as ever
+    assert layout.places == 9 and layout.requests_per_worker == 9 * 2
+    assert [layout.first_credits(w) for w in range(3)] == [(0, 3), (1, 4), (2, 5)]
+    mine = layout.worker_buffers(views, 2)
+    assert mine[("action",)].shape == (18, 4)  # [places * chunk_steps, envs]
+    mine[("action",)][2 * 4 + 1] = 7  # place 4 (worker 1's slot 1), step 1
+    assert views[("action",)][1, 3].tolist() == [7] * 4
+    assert np.shares_memory(mine[PROGRESS], views[PROGRESS][2])
+    assert not np.shares_memory(mine[PROGRESS], views[PROGRESS][1])
+    plain = dataclasses.replace(layout, pooled=False)
+    assert plain.places == 3 and plain.first_credits(2) == (0, 1, 2)
+    assert plain.worker_buffers(views, 2)[("action",)].shape == (6, 4)
+
+
+def test_a_block_is_its_places_in_order_one_contiguous_view():
+    layout = pooled()
+    views = layout.views(np.zeros(layout.nbytes, np.uint8))
+    whole = layout.worker_buffers(views, 0)[("action",)]  # [place * 2 + step, env]
+    places, steps, envs = np.meshgrid(np.arange(9), np.arange(2), np.arange(4), indexing="ij")
+    whole[...] = (places * 100 + steps * 10 + envs).reshape(18, 4)  # each cell names itself
+    block = layout.block(views, ("action",), 1)  # places 3, 4 and 5
+    assert block.flags.c_contiguous and np.shares_memory(block, whole)
+    expected = [p * 100 + t * 10 + e for p in (3, 4, 5) for t in range(2) for e in range(4)]
     assert block.tolist() == expected
-    block[:] = -1  # a view: what the workers wrote is what the block reads
-    assert (action[:, 4:6] == -1).all() and (action[:, :4] >= 0).all()
-    obs = layout.slot_block(views, ("observation",), 0)
-    assert obs.shape == (2 * 3 * 4, 3, 5)
-
-
-def test_worker_major_rings_of_several_workers_have_no_slot_block():
-    layout = RingLayout(fields=FIELDS, num_workers=2, envs_per_worker=1, chunk_steps=1, slots=1)
-    views = layout.views(np.zeros(layout.nbytes, np.uint8))
-    with pytest.raises(ValueError, match="position_major"):
-        layout.slot_block(views, ("action",), 0)
+    assert layout.block(views, ("observation",), 0).shape == (2 * 3 * 4, 3, 5)
+    with pytest.raises(ValueError, match="pooled"):
+        dataclasses.replace(layout, pooled=False).block(views, ("action",), 0)
 
 
 @pytest.mark.parametrize("groups", [1, 2, 4])
-def test_position_major_requests_address_the_cells_they_name(groups):
-    """Every request's flat rows land in its own group of its own position and worker,
-    and name those envs: the server's gather, its scatter and the recurrent state's
-    env keys all follow the memory, whichever order it has."""
-    layout = position_major(groups=groups)
+def test_pooled_requests_address_the_cells_of_the_place_they_name(groups):
+    """A request's position is one of the whole ring's, whichever worker makes it: its
+    rows are that place's group of envs; they name no env (the writer does)."""
+    layout = pooled(groups=groups)
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     action = layout.request_sources(views, ("action",))
-    assert np.shares_memory(action, views[("action",)])  # a view: nothing is copied
+    whole = layout.worker_buffers(views, 0)[("action",)]
     c = layout.request_columns
-    for w in range(3):
-        for q in range(layout.requests_per_worker):
-            rows = request_rows(layout, views, np.array([w]), np.array([q]))
-            action[rows] = 1000 * (w + 1) + q
-            p, g = divmod(q, groups)
-            assert (views[("action",)][w, p, g * c : (g + 1) * c] == 1000 * (w + 1) + q).all()
-            first = w * 4 + g * c
-            assert request_envs(layout, rows).tolist() == list(range(first, first + c))
-    assert len(np.unique(action)) == 3 * layout.requests_per_worker  # every cell, once
+    for q in range(layout.requests_per_worker):
+        rows = request_rows(layout, views, np.array([q % 3]), np.array([q]))
+        action[rows] = q + 1
+        p, g = divmod(q, groups)
+        assert (whole[p, g * c : (g + 1) * c] == q + 1).all()
+    assert len(np.unique(action)) == layout.requests_per_worker  # every cell, once
+    with pytest.raises(ValueError, match="pooled"):
+        request_envs(layout, np.arange(4))
 
 
-def test_staged_rings_of_several_workers_cannot_be_position_major():
+def test_a_pooled_ring_is_in_place_not_in_rounds_with_two_slots():
     staging = Staging(keys=(("observation",), ("action",)), columns=2)
-    with pytest.raises(ValueError, match="cannot be position_major"):
-        position_major(staging=staging)
-    one = position_major(num_workers=1, staging=staging)  # one worker: the same memory
-    views = one.views(np.zeros(one.nbytes, np.uint8))
-    assert views[("action",)].flags.c_contiguous
+    for bad in ({"staging": staging}, {"rounds": True}, {"slots": 1}):
+        with pytest.raises(ValueError, match="pooled RingLayout"):
+            pooled(**bad)

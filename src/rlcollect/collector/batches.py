@@ -9,8 +9,8 @@ no duplicate.
 
 Where a chunk is a whole batch and the plan lends it (``"chunk"``, ``loans.py``), no row
 is copied: the batch views the chunk's slot, which goes back to its worker once the
-caller lets go of the batch. Where one slot of every worker is a batch (``"slot"``),
-``slot_batches.py`` builds them.
+caller lets go of the batch. Where a block of a pooled ring is a batch (``"pool"``),
+``pool_batches.py`` builds them.
 """
 
 from __future__ import annotations
@@ -45,13 +45,14 @@ class BatchBuilder(ChunkBuilder):
         self._loans: RingLoans | None = None
         self._batches_lent = 0
         if lend:
-            rows = self._rows_per_chunk * (layout.num_workers if lend == "slot" else 1)
+            rows = self._rows_per_chunk * (layout.num_workers if lend == "pool" else 1)
             if rows != frames_per_batch:
                 raise ValueError(
                     f"a {lend} of {rows} rows is not a batch of {frames_per_batch}: only "
                     "whole batches are lent"
                 )
-            self._loans = RingLoans(layout.num_workers, layout.slots)
+            # A pooled ring's loans are blocks, all counted as worker 0's.
+            self._loans = RingLoans(1 if lend == "pool" else layout.num_workers, layout.slots)
             mapping = ring_mapping(ring)
             if mapping is not None:
                 # The caller's batches outlive close(): the transport must not free the

@@ -61,7 +61,8 @@ class ChunkBuilder(abc.ABC):
         """Take chunk ``slot`` of ``worker`` towards the batches: the ``(worker, slot)``
         pairs copied out of the ring by now (their slots may be reused). A chunk not
         among them was lent to a batch (``loans.py``: :meth:`returned` says when its
-        slot may be reused) or waits for the rest of its batch's slot."""
+        slot may be reused). A pooled ring's pairs are the places given out next, to
+        whichever workers (``pool_batches.py``)."""
 
     @property
     def lent(self) -> int:

@@ -5,7 +5,7 @@
     transport ── wait_chunks() → [(worker, slot), ...] ──▶ (restarts: hold the latest
                                                             chunk of each worker back)
                                                        ──▶ builder.add_chunk (one copy, or
-                                                            lent: loans.py, slot_batches.py)
+                                                            lent: loans.py, pool_batches.py)
               ◀── release(worker, slot) ──────────────────  the slot is the worker's again
               ◀── release(worker, slot) ◀── builder.returned(): lent, now let go of
     batch ready ──▶ train_ratio throttle ──▶ quiet point ──▶ replay_buffer.extend ──▶ caller
@@ -44,9 +44,9 @@ from rlcollect.collector.batches import BatchBuilder
 from rlcollect.collector.builder import ChunkBuilder
 from rlcollect.collector.episodes import EpisodeStats
 from rlcollect.collector.plan import Plan, program
+from rlcollect.collector.pool_batches import PoolBatchBuilder
 from rlcollect.collector.restarts import WorkerRestarts
 from rlcollect.collector.rollouts import RolloutBuilder, RoundGate
-from rlcollect.collector.slot_batches import SlotBatchBuilder
 from rlcollect.collector.stall import StallWatch
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
@@ -115,8 +115,8 @@ class ChunkLoop:
                 plan.layout, end.buffers, num_envs=plan.num_envs, total_frames=plan.total_frames
             )
             gate = RoundGate(end, server, plan.layout.num_workers)
-        elif plan.lend == "slot":
-            builder = SlotBatchBuilder(
+        elif plan.lend == "pool":
+            builder = PoolBatchBuilder(
                 plan.layout,
                 end.buffers,
                 frames_per_batch=plan.frames_per_batch,

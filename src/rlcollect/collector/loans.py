@@ -6,17 +6,18 @@ Two kinds of batch lie whole in the ring (:func:`lending` says which a collector
   as one vector env holding every env, with the default ``transition_chunk_size=
   "auto"``): the chunk's rows are the batch, in order, one contiguous block of each
   field.
-* ``"slot"``: envs stepped one by one, whose one slot of every worker holds exactly
-  ``frames_per_batch`` rows (``"auto"`` gives each env ``frames_per_batch // num_envs``
-  steps where that is at most 64). The ring is then laid out position-major
-  (``transports/layout.py``), so that slot of every worker is one contiguous block;
-  ``slot_batches.py`` says how the workers' chunks of one slot make one batch.
+* ``"pool"``: envs stepped one by one, where one chunk of each worker's size, times the
+  number of workers, is exactly ``frames_per_batch`` rows (``"auto"`` gives each env
+  ``frames_per_batch // num_envs`` steps where that is at most 64). The ring is then
+  pooled (``transports/layout.py``): any worker writes any place, and every
+  ``num_workers`` consecutive places are one contiguous block, a batch;
+  ``pool_batches.py`` says who gets which place.
 
 Copying a batch out (``batches.py``) costs the consuming thread about 0.01 ms of CPU per
 Pong frame (67 KB) on the H200 (0.02-0.04 ms on 2 cores), which on a machine whose cores
 all step envs is taken from the envs. So the batch's tensors view the ring itself, and
 its slots go back to their workers only once the caller lets go of the batch (a chunk's
-lending is drawn; a slot's is the same, for every worker's chunk of the slot at once)::
+lending is drawn; a block's is the same, its places given out again at once)::
 
     worker hands over (w, s) ──▶ BatchBuilder.add_chunk: a slot of a whole batch, and
                                  RingLoans.can_lend(w)? ── no ──▶ copied, released now
@@ -38,13 +39,12 @@ the last of them: the same rule as ``batch_memory.py``. A batch caught in a refe
 cycle keeps its slot until the garbage collector frees it.
 
 Why the worker never stalls on a caller who keeps batches: at most ``slots - 2`` slots
-of a worker are lent at once. The worker always has one slot to write and one more to
-go on with once that one is full, as with copied batches (the ring has 4 slots where it
-lends, against 2 otherwise: ``plan.py``); a batch that would exceed the limit is copied
-into memory of its own and its slots released at once. (With ``"slot"`` a worker may
-still wait for the slowest worker to finish the same slot: ``slot_batches.py``.) The
-common loop, ``for batch in collector``, holds the previous batch while the next one is
-built, so it holds two.
+of a worker (or blocks of a pooled ring) are lent at once. The worker always has one
+slot to write and one more to go on with once that one is full, as with copied batches
+(the ring has 4 slots where it lends, against 2 otherwise: ``plan.py``); a batch that
+would exceed the limit is copied into memory of its own and its slots released at once.
+The common loop, ``for batch in collector``, holds the previous batch while the next one
+is built, so it holds two.
 
 Why a caller's batch survives ``close()``: the transport gives the ring's memory back at
 once (``processes.release_mapping``) unless a lent batch is still alive (:meth:`alive`,
@@ -67,9 +67,9 @@ __all__ = ["LEND_SLOTS", "Lending", "RingLoans", "lending", "ring_mapping"]
 
 LEND_SLOTS = 4  # ring slots per worker where chunks are lent (see the module docstring)
 
-Lending = Literal["", "chunk", "slot"]
-"""How batches view the ring: ``"chunk"``, a worker's chunk is a batch; ``"slot"``, one
-slot of every worker is (a position-major ring); ``""``, every batch is copied out."""
+Lending = Literal["", "chunk", "pool"]
+"""How batches view the ring: ``"chunk"``, a worker's chunk is a batch; ``"pool"``, a
+block of a pooled ring is; ``""``, every batch is copied out."""
 
 
 def lending(
@@ -81,6 +81,9 @@ def lending(
     worker_rows: int,
     slot_rows: int,
     frames_per_batch: int,
+    recurrent: bool,
+    pool_places: int,
+    num_workers: int,
 ) -> Lending:
     """Whether batches may view the ring, and how.
 
@@ -92,8 +95,13 @@ def lending(
             slots, and rounds hold their slots until the next batch is asked for.
         backend: the inference backend.
         worker_rows: rows of one worker's chunk.
-        slot_rows: rows of one slot of every worker.
+        slot_rows: rows of one chunk of every worker (a block of a pooled ring).
         frames_per_batch: rows of a batch.
+        recurrent: the policy is recurrent: the server keys each env's state by the
+            rows its requests name, which a pooled ring does not tie to an env.
+        pool_places: the most places of a pooled ring the transport serves
+            (``Transport.pool_places``).
+        num_workers: the workers.
     """
     if copies_only or not names_slots:
         return ""
@@ -107,11 +115,13 @@ def lending(
         # nearly all the driver does. The server thread with a GPU policy page-locks the
         # observation fields in this process, where a caller's non_blocking copy up from
         # a lent batch would return before its DMA has read them; the policy in each
-        # worker on a GPU views its worker's rows as one run, which a position-major
-        # ring does not give it. (The inference process page-locks its own mapping,
-        # which this process's copies do not see as page-locked.)
+        # worker reads its own part of the ring, not the places a pooled ring gives
+        # it. (The inference process page-locks its own mapping, which this process's
+        # copies do not see as page-locked.)
         return ""
-    return "slot" if slot_rows == frames_per_batch else ""
+    if recurrent or num_workers * LEND_SLOTS > pool_places:
+        return ""
+    return "pool" if slot_rows == frames_per_batch else ""
 
 
 class RingLoans:

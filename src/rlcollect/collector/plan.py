@@ -89,7 +89,7 @@ class Plan:
     #: On-policy only: 1 starts round k+1 when batch k is handed out (``ahead.py``).
     policy_lag: int = 0
     #: Batches are views of the ring, lent until let go (``loans.py``): ``"chunk"``,
-    #: one worker's chunk is a batch; ``"slot"``, one slot of every worker is; ``""``,
+    #: one worker's chunk is a batch; ``"pool"``, one block of a pooled ring is; ``""``,
     #: every batch is copied out.
     lend: Lending = ""
 
@@ -287,6 +287,9 @@ def plan_collection(
         worker_rows=chunk_steps * worker_envs,
         slot_rows=chunk_steps * num_envs,
         frames_per_batch=frames_per_batch,
+        recurrent=recurrent,
+        pool_places=transport_obj.pool_places,
+        num_workers=num_workers,
     )
     if lend:
         slots = LEND_SLOTS
@@ -302,7 +305,7 @@ def plan_collection(
         groups=splits,
         staging=staging,
         rounds=on_policy,
-        position_major=lend == "slot",
+        pooled=lend == "pool",
     )
     outputs = {f.key: f for f in (action_field, *extra_fields)}
     inference = InferenceConfig(
@@ -328,7 +331,7 @@ def plan_collection(
             env_offset=w * worker_envs,
             seed=seed,
             chunk_steps=chunk_steps,
-            slots=slots,
+            slots=layout.places,
             source=source,
             observation_paths=paths,
             discrete_actions=isinstance(source.action_space, spaces.Discrete),

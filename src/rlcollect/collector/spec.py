@@ -76,8 +76,10 @@ class WorkerSpec:
     the worker's envs are numbered from ``env_offset`` (a vector env's sub-envs count
     one by one). ``groups`` is the number of groups its envs split into, each with a
     request of its own outstanding (for vector envs: one group per vector env).
-    ``first_episode`` numbers the first episode of each env (a restarted worker goes on
-    from where the one it replaces stopped); None: every env starts at episode 0.
+    ``slots`` is the number of chunk buffers its credits may name
+    (``RingLayout.places``: a pooled ring's are every worker's). ``first_episode``
+    numbers the first episode of each env (a restarted worker goes on from where the
+    one it replaces stopped); None: every env starts at episode 0.
     """
 
     env_fns: tuple[Callable[[], Any], ...]

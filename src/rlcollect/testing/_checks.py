@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -258,5 +259,57 @@ def _check_named_slots(make_transport: Callable[[], Transport]) -> None:
         for w, slots in order.items():
             mine = [s for v, s in then if v == w]
             assert mine == slots, f"worker {w} was given slots {mine} after {slots} were released"
+    finally:
+        transport.close()
+
+
+def _mark_places(end: WorkerEnd) -> None:
+    """A worker program that writes its index plus 100 into each place it is given (a
+    pooled ring of one-step places) and hands it over."""
+    steps = end.buffers[("step",)]  # pooled: every place of the ring
+    while True:
+        place = end.wait_slot()
+        assert place is not None
+        steps[place] = 100 + end.index
+        end.hand_over(place)
+
+
+def _check_pooled_ring(make_transport: Callable[[], Transport]) -> None:
+    """A pooled ring's workers start with ``RingLayout.first_credits``, write the
+    place their credit names, whichever worker wrote it before, and see the whole ring.
+    (Transports whose ``pool_places`` is 0 pass trivially.)"""
+    if not make_transport().pool_places:
+        return
+    layout = dataclasses.replace(
+        counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=3), pooled=True
+    )
+    transport = make_transport()
+    end = transport.start(layout, [_mark_places] * layout.num_workers)
+    steps = end.buffers[("step",)]
+
+    def handed(want: int) -> list[tuple[int, int]]:
+        got: list[tuple[int, int]] = []
+        deadline = time.monotonic() + _DEADLINE
+        while len(got) < want:
+            assert time.monotonic() < deadline, f"{len(got)} of {want} places came back: {got}"
+            got += end.wait_chunks(0.1)
+        return got
+
+    def written(place: int) -> int:
+        return int(steps[place // layout.slots, place % layout.slots, 0])
+
+    try:
+        first = handed(4)
+        for w in range(layout.num_workers):
+            mine = tuple(s for v, s in first if v == w)
+            assert mine == layout.first_credits(w), (
+                f"worker {w} was given places {mine} at first, not {layout.first_credits(w)}"
+            )
+            assert all(written(s) == 100 + w for s in mine), f"worker {w} wrote elsewhere"
+        end.release(0, 4)  # worker 1's place before: any worker writes any place
+        end.release(1, 2)
+        then = sorted(handed(2))
+        assert then == [(0, 4), (1, 2)], f"places {then} came back, not [(0, 4), (1, 2)]"
+        assert written(4) == 100 and written(2) == 101, "a place was not written where named"
     finally:
         transport.close()

@@ -16,6 +16,7 @@ from rlcollect.testing._checks import (
     _check_close_unblocks_workers,
     _check_double_buffered_round_trip,
     _check_named_slots,
+    _check_pooled_ring,
     _check_restart,
     _check_round_trip,
     _check_staged_round_trip,
@@ -35,6 +36,7 @@ CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
     "close_unblocks_workers": _check_close_unblocks_workers,
     "restart": _check_restart,
     "named_slots": _check_named_slots,
+    "pooled_ring": _check_pooled_ring,
 }
 """The conformance checks by name, in the order :func:`check_transport` runs them; run
 one alone as ``CHECKS[name](make_transport)`` (each raises ``AssertionError`` saying
@@ -62,6 +64,9 @@ what went wrong). What each one checks:
 * ``named_slots``: (transports with ``names_slots`` only) ``wait_slot`` returns every
   slot once from 0 up, then the slots ``release`` gives back, in the order it gives
   them, however that differs from the order they were handed over.
+* ``pooled_ring``: (transports with ``pool_places`` only) in a pooled ring, each worker
+  starts with ``RingLayout.first_credits`` and writes the place each credit names, in
+  the whole ring its ``buffers`` show, whichever worker wrote the place before.
 """
 
 

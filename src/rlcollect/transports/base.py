@@ -37,8 +37,11 @@ Optional capabilities, each a class attribute of :class:`Transport`: restarting 
 worker (``supports_restart``; the protocol is in ``transports/generations.py``), running
 workers in other processes (``pickles_programs``), handing the request side to an
 inference server in another process (``supports_request_channel``,
-:class:`RequestChannel`), and credits that name the slot they give back
-(``names_slots``: ``wait_slot`` returns it, so slots may come back in any order).
+:class:`RequestChannel`), credits that name the slot they give back (``names_slots``:
+``wait_slot`` returns it, so slots may come back in any order), and pooled rings
+(``pool_places``: each worker's ``buffers`` and first credits are what
+``RingLayout.worker_buffers`` and ``RingLayout.first_credits`` say, so that a worker
+writes whichever place of the ring its credit names).
 """
 
 from __future__ import annotations
@@ -120,8 +123,10 @@ class WorkerEnd(ABC):
 
     #: Index of this worker, 0 … num_workers - 1.
     index: int
-    #: This worker's part of the ring: every array of ``RingLayout.views`` without its
-    #: leading worker dimension (transition fields ``[positions, envs_per_worker, ...]``).
+    #: What this worker writes (``RingLayout.worker_buffers``): its part of the ring,
+    #: every array of ``RingLayout.views`` without its leading worker dimension
+    #: (transition fields ``[positions, envs_per_worker, ...]``); a pooled ring's
+    #: transition fields whole (``[places * chunk_steps, envs_per_worker, ...]``).
     buffers: Mapping[Key, np.ndarray]
     #: True where :meth:`request` itself writes the actions before it returns (the
     #: policy run by the worker: ``inference_backend="worker"``), so a worker loop may
@@ -148,9 +153,11 @@ class WorkerEnd(ABC):
         """Block until one more slot is free to write (the ring starts with all free).
 
         Returns the slot, where the transport names it (``Transport.names_slots``): the
-        slots ``release`` gave back, in the order it gave them (at first every slot, from
-        0 up). Otherwise None: the worker then writes its slots in turn, which is right
-        as long as the driver releases them in the order they were handed over.
+        slots ``release`` gave back, in the order it gave them (at first
+        ``RingLayout.first_credits``: every slot, from 0 up; a pooled ring's worker, its
+        first two places). Otherwise None: the worker then writes its slots in turn,
+        which is right as long as the driver releases them in the order they were
+        handed over.
 
         Raises ChannelClosed.
         """
@@ -301,7 +308,8 @@ class ServerEnd(RequestEnd):
 
     @abstractmethod
     def release(self, worker: int, slot: int) -> None:
-        """Give ``slot`` back to ``worker``: the driver has copied it out."""
+        """Give ``slot`` back to ``worker``: the driver has copied it out. (Pooled,
+        ``slot`` is the place the worker writes next, whichever worker wrote it last.)"""
 
 
 class Transport(ABC):
@@ -372,6 +380,11 @@ class Transport(ABC):
     #: then hands some batches out as views of their ring slot, which come back in the
     #: order the caller lets go of them (``collector/loans.py``).
     names_slots: ClassVar[bool] = False
+    #: The most places of a pooled ring (``RingLayout.pooled``) the transport serves: it
+    #: gives each worker ``RingLayout.worker_buffers`` and ``RingLayout.first_credits``,
+    #: and its credits name any of ``RingLayout.places`` (with ``names_slots``). 0: no
+    #: pooled rings; the collector then never asks for one (``collector/loans.py``).
+    pool_places: ClassVar[int] = 0
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Replace failed worker ``worker`` by a new one running ``program``.

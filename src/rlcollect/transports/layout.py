@@ -7,14 +7,16 @@ transition field is seen as ``[num_workers, positions, envs_per_worker, *shape]`
 the driver copies a chunk out with one slice. All fields share one flat buffer, which
 is what makes a single shared-memory segment enough for a whole collector.
 
-In memory a field is either *worker-major* (the default: the view's own order, one
-worker's positions after another's) or *position-major* (``position_major=True``:
-``[positions, num_workers, envs_per_worker, *shape]``, the same view seen through a
-swap of its first two axes). Position-major, one slot of every worker is a single
-contiguous block of ``chunk_steps * num_workers * envs_per_worker`` rows
-(:meth:`RingLayout.slot_block`): where that is a whole batch, the batch can view the
-ring instead of copying it (``collector/loans.py``). Every view keeps its shape either
-way; only the flat row numbers of requests (:func:`request_rows`) follow the memory.
+A *pooled* ring (``pooled=True``) is the same memory seen another way: its
+``num_workers * slots`` chunk buffers are *places* that any worker may write, place
+``b`` being rows ``b * chunk_steps * envs_per_worker`` on of every field, and a worker
+writes the place its credit names (``first_credits`` gives each worker its first two).
+Every ``num_workers`` consecutive places are one contiguous *block*
+(:meth:`RingLayout.block`) of ``chunk_steps * num_workers * envs_per_worker`` rows:
+where that is a whole batch, the batch can view the ring instead of copying it, and
+the places of a block go to whichever workers ask for them first, so no worker waits
+for another (``collector/pool_batches.py``). A worker's buffers are then the whole ring
+(:meth:`RingLayout.worker_buffers`); its progress record stays its own.
 
 Requests (what the inference server reads observations from and writes actions into)
 address the ring in one of two ways, fixed per collector:
@@ -23,7 +25,8 @@ address the ring in one of two ways, fixed per collector:
     A worker's envs form ``groups`` equal groups of ``envs_per_worker // groups``
     columns. Request ``q = p * groups + g`` is group ``g`` at position ``p``: the
     server reads its observations from, and writes its actions into, the very cells
-    that become the chunk's transitions. Nothing is copied for a request.
+    that become the chunk's transitions. Nothing is copied for a request. (Pooled,
+    ``p`` is a position of the whole ring: of whichever place the worker writes.)
 
 *Staged* (vector envs; ``staging`` set)
     A vector env returns results for a subset of its sub-envs, so request columns do
@@ -163,15 +166,16 @@ class RingLayout:
         rounds: workers run in on-policy rounds (``on_policy=True``): every group steps
             a slot's last position before the worker waits for the next slot, so one
             slot is enough with ``groups > 1``.
-        position_major: transition fields lie ``[positions, num_workers,
-            envs_per_worker, *shape]`` in memory, so that one slot of every worker is
-            one block (:meth:`slot_block`). The views are the same either way; with
-            several workers, in place only.
+        pooled: the ring's chunk buffers are places any worker writes, named by its
+            credits (:meth:`first_credits`, :meth:`worker_buffers`), and every
+            ``num_workers`` of them one block (:meth:`block`). In place only, not in
+            rounds; the views are the same either way.
 
     Raises:
         ValueError: a size that is not a positive int, duplicate or reserved keys,
             ``envs_per_worker`` not divisible into ``groups``, ``groups > 1`` with one
-            slot (unless ``rounds``), or staging that names fields the ring lacks.
+            slot (unless ``rounds``), staging that names fields the ring lacks, or a
+            pooled ring that is staged, in rounds, or of fewer than two slots.
 
     Examples:
         >>> import numpy as np
@@ -198,7 +202,7 @@ class RingLayout:
     groups: int = 1
     staging: Staging | None = None
     rounds: bool = False
-    position_major: bool = False
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "envs_per_worker", "chunk_steps", "slots", "groups"):
@@ -224,15 +228,29 @@ class RingLayout:
             missing = set(self.staging.keys) - set(keys)
             if missing:
                 raise ValueError(f"Staging names fields the ring lacks: {sorted(missing)}")
-            if self.position_major and self.num_workers > 1:
-                # A vector env's worker writes its chunk rows as one run of its part of
-                # the ring, which position-major memory does not give it.
-                raise ValueError("a staged RingLayout of several workers cannot be position_major")
+        if self.pooled and (self.staging is not None or self.rounds or self.slots < 2):
+            # Staged requests name a worker's own staging cells, and rounds a worker's
+            # own slot; each worker starts with two places (``first_credits``).
+            raise ValueError("a pooled RingLayout is in place, not in rounds, with slots >= 2")
 
     @property
     def positions(self) -> int:
         """Steps one worker can hold in the ring: ``slots * chunk_steps``."""
         return self.slots * self.chunk_steps
+
+    @property
+    def places(self) -> int:
+        """Chunk buffers a worker's credits may name: ``slots``, or pooled, every
+        worker's (``num_workers * slots``)."""
+        return self.slots * self.num_workers if self.pooled else self.slots
+
+    def first_credits(self, worker: int) -> tuple[int, ...]:
+        """The credits ``worker`` starts with, in order: every slot, ``0`` up; pooled,
+        place ``worker`` of block 0 and place ``worker`` of block 1 (two, so that a
+        worker never waits for its next place while the driver keeps up)."""
+        if self.pooled:
+            return (worker, self.num_workers + worker)
+        return tuple(range(self.slots))
 
     @property
     def request_columns(self) -> int:
@@ -244,13 +262,15 @@ class RingLayout:
     @property
     def requests_per_worker(self) -> int:
         """Distinct request numbers of one worker: ``0 <= q < requests_per_worker``."""
-        return self.groups if self.staging is not None else self.positions * self.groups
+        if self.staging is not None:
+            return self.groups
+        return self.places * self.chunk_steps * self.groups
 
     def _arrays(self) -> Iterator[tuple[Key, tuple[int, ...], np.dtype[np.generic]]]:
         w, p, k = self.num_workers, self.positions, self.envs_per_worker
         by_key = {f.key: f for f in self.fields}
-        for f in self.fields:  # in memory order (``views`` swaps position-major back)
-            yield f.key, ((p, w) if self.position_major else (w, p)) + (k, *f.shape), f.dtype
+        for f in self.fields:
+            yield f.key, (w, p, k, *f.shape), f.dtype
         if self.staging is not None:
             for key in self.staging.keys:
                 f = by_key[key]
@@ -305,48 +325,78 @@ class RingLayout:
         if flat.size < self.nbytes:
             raise ValueError(f"buffer holds {flat.size} bytes, the ring needs {self.nbytes}")
         out: dict[Key, np.ndarray] = {}
-        transition = {f.key for f in self.fields}
         for key, shape, dtype, offset, nbytes in self._offsets():
-            array = flat[offset : offset + nbytes].view(dtype).reshape(shape)
-            if self.position_major and key in transition:
-                array = array.swapaxes(0, 1)  # seen [num_workers, positions, ...] as ever
-            out[key] = array
+            out[key] = flat[offset : offset + nbytes].view(dtype).reshape(shape)
         return out
 
-    def slot_block(self, views: Mapping[Key, np.ndarray], key: Key, slot: int) -> np.ndarray:
-        """Slot ``slot`` of every worker, as one contiguous view of position-major memory:
-        ``[chunk_steps * num_workers * envs_per_worker, *shape]``, rows ordered by step,
-        then worker, then env.
+    def worker_buffers(self, views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.ndarray]:
+        """What worker ``worker`` writes (a :class:`~rlcollect.transports.WorkerEnd`'s
+        ``buffers``): :func:`worker_views`, or pooled, every transition field whole,
+        ``[places * chunk_steps, envs_per_worker, *shape]`` (place ``b`` at positions
+        ``b * chunk_steps`` on), beside the worker's own progress record.
+
+        Args:
+            views: what :meth:`views` returned.
+            worker: the worker's index.
+
+        Returns:
+            Views (not copies) by key.
+
+        Examples:
+            >>> import dataclasses
+            >>> from rlcollect.testing import counting_layout
+            >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+            >>> views = layout.views(bytearray(layout.nbytes))
+            >>> layout.worker_buffers(views, 1)[("observation",)].shape
+            (8, 3, 4)
+            >>> pooled = dataclasses.replace(layout, pooled=True)
+            >>> ring = pooled.views(bytearray(pooled.nbytes))
+            >>> pooled.worker_buffers(ring, 1)[("observation",)].shape  # every place
+            (16, 3, 4)
+        """
+        out = worker_views(views, worker)
+        if self.pooled:
+            for f in self.fields:
+                whole = views[f.key].reshape(-1, *views[f.key].shape[2:])
+                assert not whole.flags.owndata  # worker-major memory: a view
+                out[f.key] = whole
+        return out
+
+    def block(self, views: Mapping[Key, np.ndarray], key: Key, block: int) -> np.ndarray:
+        """Places ``block * num_workers`` to ``(block + 1) * num_workers - 1`` of a
+        pooled ring, as one contiguous view: ``[chunk_steps * num_workers *
+        envs_per_worker, *shape]``, place by place, each place's rows by step, then env.
 
         Args:
             views: what :meth:`views` returned.
             key: a transition field's key.
-            slot: the slot.
+            block: the block, ``0 <= block < slots``.
 
         Returns:
             A view of the ring (never a copy).
 
         Raises:
-            ValueError: the layout is not position-major (and has several workers).
+            ValueError: the ring is not pooled.
 
         Examples:
-            >>> from rlcollect.testing import counting_layout
             >>> import dataclasses
+            >>> from rlcollect.testing import counting_layout
             >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
-            >>> layout = dataclasses.replace(layout, position_major=True)
+            >>> layout = dataclasses.replace(layout, pooled=True)
             >>> views = layout.views(bytearray(layout.nbytes))
-            >>> views[("step",)][1, 4:8] = [[7, 7, 7]] * 4  # worker 1's slot 1
-            >>> block = layout.slot_block(views, ("step",), 1)
-            >>> block.shape, block.flags.c_contiguous, block[:6].tolist()
-            ((24,), True, [0, 0, 0, 7, 7, 7])
+            >>> layout.worker_buffers(views, 0)[("step",)][12:16] = 7  # place 3: block 1
+            >>> block = layout.block(views, ("step",), 1)
+            >>> block.shape, block.flags.c_contiguous, block[10:14].tolist()
+            ((24,), True, [0, 0, 7, 7])
         """
-        if not self.position_major and self.num_workers > 1:
-            raise ValueError("slot_block needs a position_major ring")
-        start = slot * self.chunk_steps
-        array = views[key].swapaxes(0, 1)[start : start + self.chunk_steps]
-        block: np.ndarray = array.reshape(-1, *array.shape[3:])
-        assert not block.flags.owndata  # a view: the reshape did not copy
-        return block
+        if not self.pooled:
+            raise ValueError("blocks are a pooled ring's")
+        rows = self.chunk_steps * self.num_workers * self.envs_per_worker
+        array = views[key]
+        whole = array.reshape(-1, *array.shape[3:])
+        out: np.ndarray = whole[block * rows : (block + 1) * rows]
+        assert not out.flags.owndata  # a view: the reshape did not copy
+        return out
 
     def request_sources(self, views: Mapping[Key, np.ndarray], key: Key) -> np.ndarray:
         """Where requests read or write field ``key``: ``[rows, *shape]``, all workers.
@@ -375,8 +425,6 @@ class RingLayout:
             array = views[(STAGED, *key)]
             return array.reshape(-1, *array.shape[2:])
         array = views[key]
-        if self.position_major:
-            array = array.swapaxes(0, 1)  # memory order: rows are (position, worker, env)
         return array.reshape(-1, *array.shape[3:])
 
 
@@ -414,11 +462,8 @@ def request_rows(
         rows: np.ndarray = (workers[:, None] * per_worker + cells).reshape(-1)
         return rows.astype(np.intp, copy=False)
     k = layout.envs_per_worker
-    if layout.position_major:
-        position, group = np.divmod(requests, layout.groups)
-        first = (position * layout.num_workers + workers) * k + group * c
-    else:
-        first = workers * (layout.positions * k) + requests * c  # q * c == p * k + g * c
+    # q * c == p * k + g * c; pooled, p is a position of the whole ring
+    first = requests * c if layout.pooled else workers * (layout.positions * k) + requests * c
     out: np.ndarray = (first[:, None] + np.arange(c)).reshape(-1)
     return out.astype(np.intp, copy=False)
 
@@ -438,6 +483,9 @@ def request_envs(layout: RingLayout, rows: np.ndarray) -> np.ndarray:
     Returns:
         int64 env indices, one per row.
 
+    Raises:
+        ValueError: the ring is pooled (its rows are no env's for good).
+
     Examples:
         >>> import numpy as np
         >>> from rlcollect.testing import counting_layout
@@ -448,13 +496,12 @@ def request_envs(layout: RingLayout, rows: np.ndarray) -> np.ndarray:
         >>> request_envs(layout, rows).tolist()  # worker 0's envs, then worker 1's
         [0, 1, 2, 3]
     """
+    if layout.pooled:
+        raise ValueError("a pooled ring's rows belong to whichever worker wrote them last")
     k = layout.envs_per_worker
     rows = rows.astype(np.int64, copy=False)
-    if layout.staging is None and layout.position_major:  # rows [p, w, c]
-        out: np.ndarray = (rows // k) % layout.num_workers * k + rows % k
-        return out
     per_worker = 2 * k if layout.staging is not None else layout.positions * k
-    out = (rows // per_worker) * k + rows % k
+    out: np.ndarray = (rows // per_worker) * k + rows % k
     return out
 
 

@@ -47,7 +47,12 @@ The ring protocol (who writes what, in what order, why it is safe):
   caller, once the caller let go of it: ``collector/loans.py``). ``credits[i]`` starts
   with one byte per slot, 0 up, and the worker writes the slot its byte names next
   (where nothing is lent the driver gives slots back in the order they came, which is
-  the order they were written in).
+  the order they were written in). In a pooled ring (``RingLayout.pooled``) a byte
+  names a place of the whole ring instead, which the worker maps whole: it starts with
+  ``RingLayout.first_credits(i)``, and the driver gives each place to one worker at a
+  time, once the place is copied out or let go of (``collector/pool_batches.py``), so
+  the same rule holds: nobody else writes a place between a worker's credit for it and
+  its ``(i, place)`` message, and the driver reads it only after that message.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits,
   unlinking the segment in case the driver died without doing so (its envs closed and
@@ -117,7 +122,7 @@ from rlcollect.transports.base import (
     failure_from_exception,
 )
 from rlcollect.transports.generations import response_token, tag
-from rlcollect.transports.layout import RingLayout, worker_views
+from rlcollect.transports.layout import RingLayout
 from rlcollect.transports.process_server import ProcessServerEnd, ProcessSlotChannel
 
 __all__ = ["ProcessSlotTransport"]
@@ -151,7 +156,7 @@ class _Header:
 class _ProcessWorker(WorkerEnd):
     def __init__(self, header: _Header, ring: mmap.mmap) -> None:
         self.index = header.index
-        self.buffers = worker_views(header.layout.views(ring), header.index)
+        self.buffers = header.layout.worker_buffers(header.layout.views(ring), header.index)
         self._h = header
         self._tag = tag(header.index, header.generation)
         self._token = bytes([response_token(header.generation)])
@@ -304,6 +309,7 @@ class ProcessSlotTransport(Transport):
     pickles_programs = True
     supports_request_channel = True
     names_slots = True
+    pool_places = 256  # a credit is one byte
 
     @property
     def pids(self) -> list[int]:
@@ -343,10 +349,11 @@ class ProcessSlotTransport(Transport):
             raise CollectorError("a ProcessSlotTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
-        if layout.slots > 256:
+        if layout.places > self.pool_places:
+            what = "places in a pooled ring" if layout.pooled else "slots per worker"
             raise ValueError(
-                f"a ProcessSlotTransport ring holds at most 256 slots per worker (each "
-                f"credit is one byte naming its slot), got {layout.slots}"
+                f"a ProcessSlotTransport ring holds at most {self.pool_places} {what} (each "
+                f"credit is one byte naming its slot), got {layout.places}"
             )
         self._started = True
         payloads = []
@@ -379,9 +386,9 @@ class ProcessSlotTransport(Transport):
             for _ in programs:
                 self._stack_fds.append(_stack_file())
             child_fds = [requests_w, chunks_w]
-            for responses, credits, reports in pipes:
+            for i, (responses, credits, reports) in enumerate(pipes):
                 child_fds += [responses[0], credits[0], reports[1]]
-                os.write(credits[1], bytes(range(layout.slots)))  # the ring starts all free
+                os.write(credits[1], bytes(layout.first_credits(i)))  # the ring starts free
             self._server = ProcessServerEnd(
                 layout,
                 ring,
@@ -460,7 +467,7 @@ class ProcessSlotTransport(Transport):
         stop_processes([self._procs[worker]], timeout=_STOP_WAIT)
         credits_r, credits_w = os.pipe()
         reports_r, reports_w = os.pipe()
-        os.write(credits_w, bytes(range(layout.slots)))  # every slot is free again
+        os.write(credits_w, bytes(layout.first_credits(worker)))  # every slot is free again
         try:
             server.replace_worker(worker, credits_w, reports_r)
             self._generations[worker] += 1

@@ -38,7 +38,7 @@ from rlcollect.transports.base import (
     failure_from_exception,
 )
 from rlcollect.transports.generations import Generations, tag, wrap
-from rlcollect.transports.layout import RingLayout, worker_views
+from rlcollect.transports.layout import RingLayout
 
 __all__ = ["ThreadQueueTransport"]
 
@@ -60,13 +60,13 @@ class _Server(ServerEnd):
         for _ in range(layout.num_workers):
             self.responses.append(queue.SimpleQueue())
             credits: queue.SimpleQueue[_Token] = queue.SimpleQueue()
-            for slot in range(layout.slots):
+            for slot in layout.first_credits(len(self.credits)):
                 credits.put((slot, 0))
             self.credits.append(credits)
         self.failures: list[WorkerFailure] = []  # reached by the consumer: raised
         self.reported: dict[int, WorkerFailure] = {}  # reported, marker not yet reached
         self.generations = Generations(layout.num_workers)
-        self.slots = layout.slots
+        self.layout = layout
         self.aborted = False
 
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
@@ -129,7 +129,7 @@ def _drain(q: queue.SimpleQueue[_Token], timeout: float) -> list[tuple[int, int]
 class _Worker(WorkerEnd):
     def __init__(self, index: int, server: _Server, generation: int = 0) -> None:
         self.index = index
-        self.buffers = worker_views(server.buffers, index)
+        self.buffers = server.layout.worker_buffers(server.buffers, index)
         self._server = server
         self._generation = wrap(generation)  # as the server echoes it
         self._tag = tag(index, generation)
@@ -203,6 +203,7 @@ class ThreadQueueTransport(Transport):
 
     supports_restart = True
     names_slots = True
+    pool_places = sys.maxsize
 
     def __init__(self) -> None:
         self._server: _Server | None = None
@@ -265,7 +266,7 @@ class ThreadQueueTransport(Transport):
             )
         # Only the consuming thread (this one) releases slots, so swapping the queue is safe.
         credits: queue.SimpleQueue[_Token] = queue.SimpleQueue()
-        for slot in range(server.slots):
+        for slot in server.layout.first_credits(worker):
             credits.put((slot, 0))
         server.credits[worker] = credits
         if server.aborted:
