@@ -14,7 +14,7 @@ from rlcollect.errors import ChannelClosed, WorkerError
 from rlcollect.testing._responder import _DEADLINE, _Chunk, _chunk_rows, _collect, _Responder
 from rlcollect.testing.envs import ENV_ID, EPISODE, LAST_ACTION, STEP, counting_actions
 from rlcollect.testing.programs import _ACTIONS, counting_layout, counting_programs
-from rlcollect.transports.base import Transport, WorkerEnd
+from rlcollect.transports.base import ServerEnd, Transport, WorkerEnd
 from rlcollect.transports.layout import RingLayout
 
 
@@ -221,6 +221,16 @@ def _check_restart(make_transport: Callable[[], Transport]) -> None:
         responder.stop()
 
 
+def _handed(end: ServerEnd, want: int) -> list[tuple[int, int]]:
+    """The next ``want`` chunks handed over, ``(worker, slot)``, within the deadline."""
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + _DEADLINE
+    while len(got) < want:
+        assert time.monotonic() < deadline, f"{len(got)} of {want} chunks came back: {got}"
+        got += end.wait_chunks(0.1)
+    return got
+
+
 def _echo_slots(end: WorkerEnd) -> None:
     """A worker program that hands over each slot it is given, untouched."""
     while True:
@@ -238,16 +248,8 @@ def _check_named_slots(make_transport: Callable[[], Transport]) -> None:
     transport = make_transport()
     end = transport.start(layout, [_echo_slots] * layout.num_workers)
 
-    def handed(want: int) -> list[tuple[int, int]]:
-        got: list[tuple[int, int]] = []
-        deadline = time.monotonic() + _DEADLINE
-        while len(got) < want:
-            assert time.monotonic() < deadline, f"{len(got)} of {want} slots came back: {got}"
-            got += end.wait_chunks(0.1)
-        return got
-
     try:
-        first = handed(6)
+        first = _handed(end, 6)
         for w in range(layout.num_workers):
             mine = [s for v, s in first if v == w]
             assert mine == [0, 1, 2], f"worker {w} was given slots {mine} at first, not 0, 1, 2"
@@ -255,7 +257,7 @@ def _check_named_slots(make_transport: Callable[[], Transport]) -> None:
         for w, slots in order.items():
             for s in slots:
                 end.release(w, s)
-        then = handed(6)
+        then = _handed(end, 6)
         for w, slots in order.items():
             mine = [s for v, s in then if v == w]
             assert mine == slots, f"worker {w} was given slots {mine} after {slots} were released"
@@ -287,19 +289,11 @@ def _check_pooled_ring(make_transport: Callable[[], Transport]) -> None:
     end = transport.start(layout, [_mark_places] * layout.num_workers)
     steps = end.buffers[("step",)]
 
-    def handed(want: int) -> list[tuple[int, int]]:
-        got: list[tuple[int, int]] = []
-        deadline = time.monotonic() + _DEADLINE
-        while len(got) < want:
-            assert time.monotonic() < deadline, f"{len(got)} of {want} places came back: {got}"
-            got += end.wait_chunks(0.1)
-        return got
-
     def written(place: int) -> int:
         return int(steps[place // layout.slots, place % layout.slots, 0])
 
     try:
-        first = handed(4)
+        first = _handed(end, 4)
         for w in range(layout.num_workers):
             mine = tuple(s for v, s in first if v == w)
             assert mine == layout.first_credits(w), (
@@ -308,7 +302,7 @@ def _check_pooled_ring(make_transport: Callable[[], Transport]) -> None:
             assert all(written(s) == 100 + w for s in mine), f"worker {w} wrote elsewhere"
         end.release(0, 4)  # worker 1's place before: any worker writes any place
         end.release(1, 2)
-        then = sorted(handed(2))
+        then = sorted(_handed(end, 2))
         assert then == [(0, 4), (1, 2)], f"places {then} came back, not [(0, 4), (1, 2)]"
         assert written(4) == 100 and written(2) == 101, "a place was not written where named"
     finally:
