@@ -44,7 +44,8 @@ def builder(total_frames=-1):
     ring = layout.views(bytearray(layout.nbytes))
     for place in range(layout.places):  # every row of place p says 10 + p
         ring[("step",)][place // SLOTS, place % SLOTS * STEPS :][:STEPS] = 10 + place
-    return PoolBatchBuilder(layout, ring, frames_per_batch=12, total_frames=total_frames), ring
+    b = PoolBatchBuilder(layout, ring, frames_per_batch=12, total_frames=total_frames, lend="pool")
+    return b, ring
 
 
 def steps(batch):
@@ -129,7 +130,12 @@ def test_a_ring_that_is_not_pooled_is_refused():
     layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=4)
     ring = layout.views(bytearray(layout.nbytes))
     with pytest.raises(ValueError, match="pooled"):
-        PoolBatchBuilder(layout, ring, frames_per_batch=4, total_frames=-1)
+        PoolBatchBuilder(layout, ring, frames_per_batch=4, total_frames=-1, lend="pool")
+    pooled = dataclasses.replace(layout, pooled=True)
+    with pytest.raises(ValueError, match="lend='pool'"):
+        PoolBatchBuilder(
+            pooled, pooled.views(bytearray(pooled.nbytes)), frames_per_batch=4, total_frames=-1
+        )
 
 
 # ------------------------------------------------------------------ through the collector

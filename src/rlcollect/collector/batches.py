@@ -42,28 +42,36 @@ class BatchBuilder(ChunkBuilder):
     ) -> None:
         super().__init__(layout, ring)
         self._rows_per_chunk = layout.chunk_steps * layout.envs_per_worker
-        self._loans: RingLoans | None = None
         self._batches_lent = 0
-        if lend:
-            rows = self._rows_per_chunk * (layout.num_workers if lend == "pool" else 1)
-            if rows != frames_per_batch:
-                raise ValueError(
-                    f"a {lend} of {rows} rows is not a batch of {frames_per_batch}: only "
-                    "whole batches are lent"
-                )
-            # A pooled ring's loans are blocks, all counted as worker 0's.
-            self._loans = RingLoans(1 if lend == "pool" else layout.num_workers, layout.slots)
-            mapping = ring_mapping(ring)
-            if mapping is not None:
-                # The caller's batches outlive close(): the transport must not free the
-                # ring's pages under them (processes.release_mapping). The test holds
-                # weak references only, never the ring.
-                lend_pages(mapping, self._loans.alive)
+        self._loans = self._start_lending(layout, lend, frames_per_batch)
         self._fpb = frames_per_batch
         self._remaining = total_frames  # rows still to assign to batches; -1: endless
         self._size = 0
         self._filled = 0
         self._new_batch()
+
+    def _start_lending(
+        self, layout: RingLayout, lend: Lending, frames_per_batch: int
+    ) -> RingLoans | None:
+        """The loans of ``lend`` (None: every batch copied), once ``lend`` is checked
+        against the layout; a builder for one kind of lending sets itself up here."""
+        if not lend:
+            return None
+        rows = self._rows_per_chunk * (layout.num_workers if lend == "pool" else 1)
+        if rows != frames_per_batch:
+            raise ValueError(
+                f"a {lend} of {rows} rows is not a batch of {frames_per_batch}: only "
+                "whole batches are lent"
+            )
+        # A pooled ring's loans are blocks, all counted as worker 0's.
+        loans = RingLoans(1 if lend == "pool" else layout.num_workers, layout.slots)
+        mapping = ring_mapping(self._ring)
+        if mapping is not None:
+            # The caller's batches outlive close(): the transport must not free the
+            # ring's pages under them (processes.release_mapping). The test holds weak
+            # references only, never the ring.
+            lend_pages(mapping, loans.alive)
+        return loans
 
     @property
     def exhausted(self) -> bool:

@@ -115,15 +115,9 @@ class ChunkLoop:
                 plan.layout, end.buffers, num_envs=plan.num_envs, total_frames=plan.total_frames
             )
             gate = RoundGate(end, server, plan.layout.num_workers)
-        elif plan.lend == "pool":
-            builder = PoolBatchBuilder(
-                plan.layout,
-                end.buffers,
-                frames_per_batch=plan.frames_per_batch,
-                total_frames=plan.total_frames,
-            )
         else:
-            builder = BatchBuilder(
+            kind = PoolBatchBuilder if plan.lend == "pool" else BatchBuilder
+            builder = kind(
                 plan.layout,
                 end.buffers,
                 frames_per_batch=plan.frames_per_batch,

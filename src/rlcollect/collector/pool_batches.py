@@ -56,34 +56,27 @@ lent, so the workers always have two).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from rlcollect.collector.batches import BatchBuilder
+from rlcollect.collector.loans import Lending, RingLoans
 from rlcollect.errors import CollectorError
-from rlcollect.transports.layout import Key, RingLayout
+from rlcollect.transports.layout import RingLayout
 
 __all__ = ["PoolBatchBuilder"]
 
 
 class PoolBatchBuilder(BatchBuilder):
-    """Hands a pooled ring's places out, and its written blocks in as batches."""
+    """Hands a pooled ring's places out, and its written blocks in as batches (built as
+    a :class:`BatchBuilder` with ``lend="pool"``)."""
 
-    def __init__(
-        self,
-        layout: RingLayout,
-        ring: Mapping[Key, np.ndarray],
-        *,
-        frames_per_batch: int,
-        total_frames: int,
-    ) -> None:
-        if not layout.pooled:
-            raise ValueError("a block of places is a batch only in a pooled ring")
-        super().__init__(
-            layout, ring, frames_per_batch=frames_per_batch, total_frames=total_frames, lend="pool"
-        )
+    def _start_lending(
+        self, layout: RingLayout, lend: Lending, frames_per_batch: int
+    ) -> RingLoans | None:
+        if lend != "pool" or not layout.pooled:
+            raise ValueError("a block of places is a batch only in a pooled ring, lend='pool'")
         self._layout = layout
         self._width = width = layout.num_workers  # places per block
         # The sequence: places given out and not yet taken into a batch, in the order
@@ -97,6 +90,7 @@ class PoolBatchBuilder(BatchBuilder):
         self._taken = [0] * layout.slots  # places of each block copied out
         self._free: deque[int] = deque(range(2 * width, layout.places))  # whole blocks
         self._wanting: deque[int] = deque()  # workers owed a place, in line
+        return super()._start_lending(layout, lend, frames_per_batch)
 
     def returned(self) -> list[tuple[int, int]]:
         for _, block in super().returned():  # one loan per block, all as worker 0's
