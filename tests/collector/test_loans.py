@@ -18,7 +18,7 @@ from envs import counting_vector
 from helpers import CountingPolicy, check_counting_streams, hold_first_batch
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.loans import RingLoans, lending
+from rlcollect.collector.loans import POOL_BLOCKS, POOL_LENT, RingLoans, lending
 from rlcollect.testing import CountingVectorEnv
 from rlcollect.transports import ThreadQueueTransport
 
@@ -73,6 +73,17 @@ def test_at_most_slots_minus_two_of_a_worker_are_lent():
     assert loans.can_lend(0)
     with pytest.raises(ValueError, match="at least 3 slots"):
         RingLoans(num_workers=1, slots=2)
+
+
+def test_at_most_pool_lent_blocks_of_a_pooled_ring_are_lent():
+    loans = RingLoans(num_workers=1, slots=POOL_BLOCKS, kept=POOL_BLOCKS - POOL_LENT)
+    held = [np.zeros(1) for _ in range(POOL_LENT)]
+    for block, array in enumerate(held):
+        assert loans.can_lend(0)
+        loans.lend(0, block, [array])
+    assert not loans.can_lend(0)
+    with pytest.raises(ValueError, match="at least 5 slots"):
+        RingLoans(num_workers=1, slots=4, kept=4)
 
 
 # ---------------------------------------------------------------- through the collector
@@ -167,7 +178,8 @@ def test_no_lending_where_credits_do_not_name_slots():
         ({"slot_rows": 64}, ""),  # a chunk of every worker is not a batch
         ({"recurrent": True}, ""),  # states are keyed by the env a row belongs to
         ({"pool_places": 0}, ""),  # the transport does not serve pooled rings
-        ({"num_workers": 65}, ""),  # more places than the transport's credits name
+        ({"num_workers": 42}, "pool"),  # 6 blocks of 42 places: 252 of the credits' 256
+        ({"num_workers": 43}, ""),  # more places than the transport's credits name
         ({"recurrent": True, "vector": True}, "chunk"),
         ({"names_slots": False}, ""),  # lent slots would come back out of turn
         ({"copies_only": True}, ""),  # on-policy rounds, restarts
@@ -189,7 +201,7 @@ def test_how_batches_may_view_the_ring(kwargs, expected):
         "frames_per_batch": 128,
         "recurrent": False,
         "pool_places": 256,
-        "num_workers": 64,
+        "num_workers": 16,
         **kwargs,
     }
     assert lending(**args) == expected

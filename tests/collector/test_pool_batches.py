@@ -183,7 +183,7 @@ def test_kept_block_batches_stay_intact_and_later_ones_are_copied():
 
 
 def test_a_block_batch_held_for_good_leaves_the_others_lent():
-    """Batch 0's block stays lent to the end: the other three go round, given out in
+    """Batch 0's block stays lent to the end: the other five go round, given out in
     the order they come back."""
     first, first_copy, rest, stats = hold_first_batch(in_step(total_frames=40 * FPB))
     assert stats["ring_batches"] >= 3

@@ -29,7 +29,7 @@ import torch
 from gymnasium import spaces
 
 from rlcollect.collector import checks
-from rlcollect.collector.loans import LEND_SLOTS, Lending, lending
+from rlcollect.collector.loans import LEND_SLOTS, POOL_BLOCKS, Lending, lending
 from rlcollect.collector.probe import (
     build_policy,
     observation_fields,
@@ -292,7 +292,7 @@ def plan_collection(
         num_workers=num_workers,
     )
     if lend:
-        slots = LEND_SLOTS
+        slots = POOL_BLOCKS if lend == "pool" else LEND_SLOTS
     checks.warn_of_thread_oversubscription(num_workers)
     layout = RingLayout(
         fields=transition_fields(

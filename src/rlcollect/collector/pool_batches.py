@@ -49,8 +49,8 @@ batch of mixed steps.
 
 Why a place is never written while a batch may still read it: a block's places are
 given out again only once every one of them is copied, or once nothing can reach the
-batch lent from it (``loans.py``, one loan per block: at most ``slots - 2`` blocks are
-lent, so the workers always have two).
+batch lent from it (``loans.py``, one loan per block: at most ``POOL_LENT`` blocks are
+lent, so the workers always have the rest, four of the ring's six blocks).
 """
 
 from __future__ import annotations
