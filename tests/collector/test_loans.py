@@ -18,7 +18,7 @@ from envs import counting_vector
 from helpers import CountingPolicy, check_counting_streams, hold_first_batch
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.loans import POOL_BLOCKS, POOL_LENT, RingLoans, lending
+from rlcollect.collector.loans import RingLoans, lending
 from rlcollect.testing import CountingVectorEnv
 from rlcollect.transports import ThreadQueueTransport
 
@@ -73,17 +73,6 @@ def test_at_most_slots_minus_two_of_a_worker_are_lent():
     assert loans.can_lend(0)
     with pytest.raises(ValueError, match="at least 3 slots"):
         RingLoans(num_workers=1, slots=2)
-
-
-def test_at_most_pool_lent_blocks_of_a_pooled_ring_are_lent():
-    loans = RingLoans(num_workers=1, slots=POOL_BLOCKS, kept=POOL_BLOCKS - POOL_LENT)
-    held = [np.zeros(1) for _ in range(POOL_LENT)]
-    for block, array in enumerate(held):
-        assert loans.can_lend(0)
-        loans.lend(0, block, [array])
-    assert not loans.can_lend(0)
-    with pytest.raises(ValueError, match="at least 5 slots"):
-        RingLoans(num_workers=1, slots=4, kept=4)
 
 
 # ---------------------------------------------------------------- through the collector

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rlcollect.collector.builder import ChunkBuilder
-from rlcollect.collector.loans import POOL_LENT, Lending, RingLoans, ring_mapping
+from rlcollect.collector.loans import Lending, RingLoans, ring_mapping
 from rlcollect.processes import lend_pages
 from rlcollect.transports.layout import Key, RingLayout
 
@@ -63,10 +63,8 @@ class BatchBuilder(ChunkBuilder):
                 f"a {lend} of {rows} rows is not a batch of {frames_per_batch}: only "
                 "whole batches are lent"
             )
-        if lend == "pool":  # its loans are blocks, all counted as worker 0's
-            loans = RingLoans(1, layout.slots, kept=layout.slots - POOL_LENT)
-        else:
-            loans = RingLoans(layout.num_workers, layout.slots)
+        # A pooled ring's loans are blocks, all counted as worker 0's.
+        loans = RingLoans(1 if lend == "pool" else layout.num_workers, layout.slots)
         mapping = ring_mapping(self._ring)
         if mapping is not None:
             # The caller's batches outlive close(): the transport must not free the

@@ -39,19 +39,23 @@ the last of them: the same rule as ``batch_memory.py``. A batch caught in a refe
 cycle keeps its slot until the garbage collector frees it.
 
 Why the worker never stalls on a caller who keeps batches: at most ``slots - 2`` slots
-of a worker are lent at once. The worker always has one slot to write and one more to
-go on with once that one is full, as with copied batches (the ring has 4 slots where it
-lends, against 2 otherwise: ``plan.py``); a batch that would exceed the limit is copied
-into memory of its own and its slots released at once. The common loop, ``for batch in
-collector``, holds the previous batch while the next one is built, so it holds two.
+of a worker (or blocks of a pooled ring) are lent at once. The worker always has one
+slot to write and one more to go on with once that one is full, as with copied batches
+(the ring has 4 slots where it lends, against 2 otherwise: ``plan.py``); a batch that
+would exceed the limit is copied into memory of its own and its slots released at once.
+The common loop, ``for batch in collector``, holds the previous batch while the next one
+is built, so it holds two.
 
-A pooled ring has ``POOL_BLOCKS`` blocks, of which at most ``POOL_LENT`` are lent, so
-the workers always have four. They need that many, not two: a place is given to a
-worker a chunk before it starts writing it, so the places the workers hold and write
-span three blocks, and a block is free again only once every place of it is in. With
-four blocks (two for the workers), 16 workers on the H100 host waited for places, half
-the batches were copied, and frames/s fell to 0.92x the copying collector; with six,
-every batch was lent at 0.99x (``benchmarks/results/archive/h100/pool_blocks/``).
+A pooled ring has ``POOL_BLOCKS`` (six) blocks, not four: its workers need about four
+while the loop holds two. A place is given to a worker a chunk before it starts writing
+it, so the places the workers hold and write span three blocks, and a block is free
+again only once every place of it is in: one more block lets the oldest wait for its
+slowest place. With four blocks, 16 workers on the H100 host waited for places, about
+two batches in three were copied, and frames/s fell to 0.92x the copying collector;
+with six, nearly every batch was lent at 0.99x (``benchmarks/results/archive/h100/pool_blocks/``). The
+loans still go up to ``slots - 2``: a burst of chunks can finish a third or fourth
+block while the loop holds two, and those are lent too; the workers are short of
+places only while that lasts.
 
 Why a caller's batch survives ``close()``: the transport gives the ring's memory back at
 once (``processes.release_mapping``) unless a lent batch is still alive (:meth:`alive`,
@@ -70,19 +74,10 @@ import numpy as np
 
 from rlcollect.transports.layout import Key
 
-__all__ = [
-    "LEND_SLOTS",
-    "POOL_BLOCKS",
-    "POOL_LENT",
-    "Lending",
-    "RingLoans",
-    "lending",
-    "ring_mapping",
-]
+__all__ = ["LEND_SLOTS", "POOL_BLOCKS", "Lending", "RingLoans", "lending", "ring_mapping"]
 
 LEND_SLOTS = 4  # ring slots per worker where chunks are lent (see the module docstring)
-POOL_BLOCKS = 6  # blocks of a pooled ring: at most POOL_LENT lent, 4 always the workers'
-POOL_LENT = 2
+POOL_BLOCKS = 6  # blocks of a pooled ring (see the module docstring)
 
 Lending = Literal["", "chunk", "pool"]
 """How batches view the ring: ``"chunk"``, a worker's chunk is a batch; ``"pool"``, a
@@ -144,11 +139,10 @@ def lending(
 class RingLoans:
     """Ring slots lent out as batches, until the caller lets go of them."""
 
-    def __init__(self, num_workers: int, slots: int, kept: int = 2) -> None:
-        """``kept`` of each worker's ``slots`` are never lent: the worker's to write."""
-        if slots <= kept:
-            raise ValueError(f"lending needs at least {kept + 1} slots per worker, got {slots}")
-        self._limit = slots - kept
+    def __init__(self, num_workers: int, slots: int) -> None:
+        if slots < 3:
+            raise ValueError(f"lending needs at least 3 slots per worker, got {slots}")
+        self._limit = slots - 2
         self._lent = [0] * num_workers  # slots of each worker out as batches
         self._out: list[tuple[int, int, list[weakref.ref[np.ndarray]]]] = []
         self.count = 0  # batches lent so far (statistics, tests)

@@ -49,8 +49,9 @@ batch of mixed steps.
 
 Why a place is never written while a batch may still read it: a block's places are
 given out again only once every one of them is copied, or once nothing can reach the
-batch lent from it (``loans.py``, one loan per block: at most ``POOL_LENT`` blocks are
-lent, so the workers always have the rest, four of the ring's six blocks).
+batch lent from it (``loans.py``, one loan per block: at most ``slots - 2`` of the
+ring's six blocks are lent, so the workers always have two, and four or more while the
+caller holds no more than the loop does).
 """
 
 from __future__ import annotations
