@@ -51,11 +51,11 @@ while the loop holds two. A place is given to a worker a chunk before it starts 
 it, so the places the workers hold and write span three blocks, and a block is free
 again only once every place of it is in: one more block lets the oldest wait for its
 slowest place. With four blocks, 16 workers on the H100 host waited for places, about
-two batches in three were copied, and frames/s fell to 0.92x the copying collector;
-with six, nearly every batch was lent at 0.99x (``benchmarks/results/archive/h100/pool_blocks/``). The
-loans still go up to ``slots - 2``: a burst of chunks can finish a third or fourth
-block while the loop holds two, and those are lent too; the workers are short of
-places only while that lasts.
+two batches in three were copied, and frames/s fell to 0.92x the copying collector; with
+six, nearly every batch was lent at 0.99x
+(``benchmarks/results/archive/h100/pool_blocks/``). The loans still go up to
+``slots - 2``: a burst of chunks can finish a third or fourth block while the loop holds
+two, and those are lent too; the workers are short of places only while that lasts.
 
 Why a caller's batch survives ``close()``: the transport gives the ring's memory back at
 once (``processes.release_mapping``) unless a lent batch is still alive (:meth:`alive`,
