@@ -158,10 +158,10 @@ def in_step(envs_per_worker=2, **kwargs):
 @pytest.mark.parametrize(("envs_per_worker", "worker_splits"), [(1, None), (2, 2), (4, 1)])
 def test_blocks_dropped_as_a_loop_drops_them_keep_being_lent(envs_per_worker, worker_splits):
     """The loop holds one batch while it asks for the next: each ask gives the block of
-    the batch dropped back, then lends the first whole block (the one batch held and
-    the one lent are the most the ring lends), and copies the others whole by then. The
-    workers, in step, hold two places each, so at most two blocks are whole at an ask,
-    and at least a third of the batches are lent, whatever the scheduler does."""
+    the batch dropped back, then lends whole blocks while fewer than four (six blocks
+    less two) are out, and copies any beyond that. The workers, in step, hold two
+    places each, so at most two blocks are whole at an ask, and at least a third of the
+    batches are lent, whatever the scheduler does."""
     kept = []
     with in_step(envs_per_worker, worker_splits=worker_splits) as c:
         for batch in c:
