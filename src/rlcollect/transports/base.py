@@ -383,7 +383,8 @@ class Transport(ABC):
     #: The most places of a pooled ring (``RingLayout.pooled``) the transport serves: it
     #: gives each worker ``RingLayout.worker_buffers`` and ``RingLayout.first_credits``,
     #: and its credits name any of ``RingLayout.places`` (with ``names_slots``). 0: no
-    #: pooled rings; the collector then never asks for one (``collector/loans.py``).
+    #: pooled rings; the collector then never asks for one, nor for one of more places
+    #: than this (``num_workers`` times ``loans.POOL_BLOCKS``: ``collector/loans.py``).
     pool_places: ClassVar[int] = 0
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
