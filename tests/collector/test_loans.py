@@ -172,7 +172,8 @@ def test_no_lending_where_credits_do_not_name_slots():
         ({"recurrent": True, "vector": True}, "chunk"),
         ({"names_slots": False}, ""),  # lent slots would come back out of turn
         ({"copies_only": True}, ""),  # on-policy rounds, restarts
-        ({"backend": "thread"}, ""),  # in place: only with the server in its own process
+        ({"backend": "thread"}, "pool"),  # a GPU policy: the server thread pages an alias
+        ({"backend": "thread", "gpu_policy": False}, ""),  # the copy is a small part
         ({"backend": "worker"}, ""),
         ({"vector": True}, "chunk"),
         ({"vector": True, "backend": "thread"}, "chunk"),  # staged: never page-locked
@@ -191,6 +192,7 @@ def test_how_batches_may_view_the_ring(kwargs, expected):
         "recurrent": False,
         "pool_places": 256,
         "num_workers": 16,
+        "gpu_policy": True,
         **kwargs,
     }
     assert lending(**args) == expected

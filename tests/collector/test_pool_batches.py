@@ -245,3 +245,29 @@ def test_a_slow_env_mixes_copies_and_loans_and_keeps_every_stream_whole():
         stats = c.stats()
     assert stats["batches"] == 10 and data.numel() == 640
     check_counting_streams(data)
+
+
+@pytest.mark.parametrize("transport", ["process_slots", "thread"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_server_thread_with_a_gpu_policy_lends_pageable_blocks(transport):
+    """The server thread page-locks a second mapping of the ring for its GPU gather, so a
+    lent batch is pageable: batch.to("cuda", non_blocking=True) is done with it when it
+    returns, and the rows copied up are the batch's, whatever the workers write later."""
+    ups, copies = [], []
+    with AsyncBatchedCollector(
+        counting_envs(NUM_ENVS), CountingPolicy(), frames_per_batch=FPB, policy_device="cuda",
+        transport=transport, envs_per_worker=2, total_frames=30 * FPB,
+        min_batch_size=NUM_ENVS, batch_timeout=30.0,
+    ) as c:  # fmt: skip
+        for batch in c:
+            assert not batch["observation"].is_pinned()
+            copies.append(batch.clone())
+            ups.append(batch.to("cuda", non_blocking=True))
+        stats = c.stats()
+    torch.cuda.synchronize()
+    assert stats["ring_batches"] >= 10
+    assert stats["server"]["gathers_on_device"]
+    for up, copy in zip(ups, copies, strict=True):
+        assert (up.cpu() == copy).all()
+    check_counting_streams(torch.cat(copies))

@@ -96,6 +96,7 @@ def lending(
     recurrent: bool,
     pool_places: int,
     num_workers: int,
+    gpu_policy: bool,
 ) -> Lending:
     """Whether batches may view the ring, and how.
 
@@ -114,6 +115,7 @@ def lending(
         pool_places: the most places of a pooled ring the transport serves
             (``Transport.pool_places``).
         num_workers: the workers.
+        gpu_policy: the policy runs on a CUDA device.
     """
     if copies_only or not names_slots:
         return ""
@@ -122,14 +124,15 @@ def lending(
         # the GPU, and a caller's batch.to("cuda", non_blocking=True) is staged by CUDA
         # (pageable memory) before it returns: never read from a slot written again.
         return "chunk" if worker_rows == frames_per_batch else ""
-    if backend != "process":
-        # In place, only where the server is in a process of its own, and the copy is
-        # nearly all the driver does. The server thread with a GPU policy page-locks the
-        # observation fields in this process, where a caller's non_blocking copy up from
-        # a lent batch would return before its DMA has read them; the policy in each
-        # worker reads its own part of the ring, not the places a pooled ring gives
-        # it. (The inference process page-locks its own mapping, which this process's
-        # copies do not see as page-locked.)
+    if backend == "worker" or (backend == "thread" and not gpu_policy):
+        # The policy in each worker reads its own part of the ring, not the places a
+        # pooled ring gives it; a CPU policy in the driver's thread leaves the copy a
+        # small part of the driver's work. The server, in its own process or in a thread
+        # with a GPU policy, leaves the copy nearly all the driver's work. Neither
+        # page-locks the caller's view of the ring: the inference process its own
+        # mapping, the server thread a second mapping of the same pages
+        # (inference/step.py, _register), so a caller's batch.to("cuda",
+        # non_blocking=True) from a lent batch is staged, done when it returns.
         return ""
     if recurrent or num_workers * POOL_BLOCKS > pool_places:
         return ""

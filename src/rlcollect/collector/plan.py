@@ -290,6 +290,7 @@ def plan_collection(
         recurrent=recurrent,
         pool_places=transport_obj.pool_places,
         num_workers=num_workers,
+        gpu_policy=device.type == "cuda",
     )
     if lend:
         slots = POOL_BLOCKS if lend == "pool" else LEND_SLOTS

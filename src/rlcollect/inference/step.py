@@ -13,7 +13,9 @@ chosen once, at construction:
 
 ``DeviceStep`` (policy on a CUDA device)
     ``attach`` page-locks the ring's observation fields where it is their own memory
-    (``cudaHostRegister``, mapped), and the gather then runs on the GPU: one
+    (``cudaHostRegister``, mapped), through a second mapping of their pages (``_alias``:
+    the caller's batches may view the ring, and must stay pageable memory, below), and
+    the gather then runs on the GPU: one
     ``index_select`` per field reads the batch's rows straight out of host memory over
     the bus, so the CPU copies nothing. (Safe under the ring's protocol: the kernel is
     launched only after the server has read the rows' request messages, and device
@@ -49,8 +51,12 @@ chosen once, at construction:
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -182,7 +188,8 @@ class DeviceStep(ActionStep):
         self._out_np = {key: t.numpy() for key, t in self._pinned_out.items()}
         self._device = device
         self._ring_views: dict[Path, torch.Tensor] = {}
-        self._registered: list[int] = []
+        # the aliases page-locked, each with the ring's own address
+        self._registered: list[tuple[_Alias, int]] = []
         # Zeroed: a padded replay of the whole-step graph gathers the unused tail too.
         self._index_pin = torch.zeros(cap, dtype=torch.int64, pin_memory=True)
         self._index_np = self._index_pin.numpy()
@@ -242,12 +249,13 @@ class DeviceStep(ActionStep):
         if not register:
             return
         for path, ring in rings.items():
-            view = _register(ring, self._device)
-            if view is None:  # refused (not pinnable here): gather on the host instead
+            registered = _register(ring, self._device)
+            if registered is None:  # refused (not pinnable here): gather on the host instead
                 self.close()
                 self._ring_views = {}
                 return
-            self._registered.append(ring.ctypes.data)
+            view, alias = registered
+            self._registered.append((alias, ring.ctypes.data))
             self._ring_views[path] = view
         if self._graphs:
             self._index_np[:] = 0  # rows of this ring, whatever an earlier one held
@@ -263,8 +271,10 @@ class DeviceStep(ActionStep):
     def close(self) -> None:
         self._whole = {}  # they read the registered ring: never replayed past this point
         cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-        for ptr in self._registered:
-            cudart.cudaHostUnregister(ptr)
+        for alias, ring in self._registered:
+            cudart.cudaHostUnregister(alias.address)
+            alias.unmap()
+            _LOCKED.discard(ring)
         self._registered = []
 
     def _copy_up(self, rows: int) -> None:
@@ -355,11 +365,11 @@ class DeviceStep(ActionStep):
 class _CudaArray:
     """A page-locked, mapped host range, presented to torch as CUDA memory (UVA)."""
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, address: int) -> None:
         self.__cuda_array_interface__ = {
             "shape": array.shape,
             "typestr": array.dtype.str,
-            "data": (array.ctypes.data, False),
+            "data": (address, False),
             "version": 3,
         }
 
@@ -382,29 +392,92 @@ def _check_outputs(out: Mapping[Key, torch.Tensor], fields: Mapping[Key, torch.T
             )
 
 
-def _register(array: np.ndarray, device: torch.device) -> torch.Tensor | None:
-    """Page-lock ``array`` (contiguous, page-aligned) and view it from the GPU, or None."""
-    if not array.flags.c_contiguous:
+def _register(array: np.ndarray, device: torch.device) -> tuple[torch.Tensor, _Alias] | None:
+    """Page-lock a second mapping of ``array``'s pages (contiguous, in shared memory) and
+    view it from the GPU: the view and the alias; or None.
+
+    Why not ``array`` itself: torch takes page-locked host memory for pinned, so a
+    caller's ``batch.to("cuda", non_blocking=True)`` from a batch that views the ring
+    (``collector/loans.py``) would return before its DMA had read the rows, and a worker
+    could write them again once the caller dropped the batch. Page-locked only through
+    the alias, the ring's own addresses stay pageable: that copy is staged, done when it
+    returns. The GPU reads the same pages through the alias."""
+    if not array.flags.c_contiguous or array.ctypes.data in _LOCKED:
+        return None  # (CUDA refuses a range page-locked twice; an alias would not)
+    alias = _alias(array)
+    if alias is None:
         return None
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     mapped_portable = 0x02 | 0x01  # cudaHostRegisterMapped | cudaHostRegisterPortable
-    if int(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, mapped_portable)) != 0:
+    if int(cudart.cudaHostRegister(alias.address, array.nbytes, mapped_portable)) != 0:
         # The refusal stays as the thread's last CUDA error, which torch would report
         # at its next launch as that launch's failure: clear it, then gather on the host.
         _clear_last_cuda_error()
+        alias.unmap()
         return None
     try:
-        return torch.as_tensor(_CudaArray(array), device=device)
+        view = torch.as_tensor(_CudaArray(array, alias.address), device=device)
     except Exception:
-        cudart.cudaHostUnregister(array.ctypes.data)
+        cudart.cudaHostUnregister(alias.address)
+        alias.unmap()
         return None
+    _LOCKED.add(array.ctypes.data)
+    return view, alias
+
+
+# The rings' own addresses page-locked through an alias by a step of this process: a
+# second step bound to one of them is refused, as CUDA refuses a range page-locked twice.
+_LOCKED: set[int] = set()
+_MREMAP_MAYMOVE = 1
+_MAP_FAILED = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class _Alias:
+    """A second mapping of an array's pages: ``address`` is the array's first byte in
+    it; the mapping is ``nbytes`` from ``start``, whole pages."""
+
+    address: int
+    start: int
+    nbytes: int
+
+    def unmap(self) -> None:
+        _libc().munmap(self.start, self.nbytes)
+
+
+@functools.cache
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mremap.restype = ctypes.c_void_p
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _alias(array: np.ndarray) -> _Alias | None:
+    """A second mapping of the pages under ``array``, which must be in a shared mapping
+    (both transports' rings are); None for private memory or where the system has no
+    ``mremap`` (Linux only).
+
+    ``mremap`` with an old size of 0 maps the same pages of a shared mapping again, at
+    a new address; a write through either is seen through the other. It maps whole
+    pages, so the alias starts at the page that holds the array's first byte."""
+    first = array.ctypes.data
+    start = first - first % mmap.PAGESIZE
+    nbytes = -(-(first - start + array.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+    try:
+        mremap = _libc().mremap
+    except (OSError, AttributeError, TypeError):
+        return None
+    new = mremap(start, 0, nbytes, _MREMAP_MAYMOVE)
+    if new is None or new == _MAP_FAILED:  # private memory: no second mapping of it
+        return None
+    return _Alias(int(new) + first - start, int(new), nbytes)
 
 
 def _clear_last_cuda_error() -> None:
     """Reset this thread's last CUDA runtime error (``cudaGetLastError``), through the
     runtime library torch loaded: torch's own bindings do not offer the call."""
-    import ctypes
-
     with open("/proc/self/maps") as maps:
         paths = {line.split()[-1] for line in maps if "libcudart" in line}
     for path in paths:
