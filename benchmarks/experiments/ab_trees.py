@@ -38,6 +38,7 @@ _ALSO = (
     "overlapped_batches",
     "gpu_wait",
     "ring_batches",
+    "place_wait_seconds",
 )
 
 

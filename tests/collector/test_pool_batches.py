@@ -4,7 +4,8 @@ batch, viewing the ring where the loans allow.
 
 The builder is driven by hand first (which places go to whom, which blocks are lent or
 copied, which places are copied without a slow one); then through the collector, where
-the server runs in a process of its own (the only backend that pools the ring). There
+the server runs in a process of its own (with a CPU policy, the only backend that pools
+the ring; the server thread pools it for a GPU policy, tested at the end). There
 ``min_batch_size`` set to every env keeps the workers in step (the server answers no
 env before every env has asked), so how the blocks fall does not depend on the
 scheduler; CountingEnvs tell each row's env, episode and step, so a place written while
@@ -29,6 +30,7 @@ from helpers import (
 )
 
 from rlcollect import AsyncBatchedCollector, WorkerError
+from rlcollect.collector import pool_batches
 from rlcollect.collector.loans import POOL_BLOCKS
 from rlcollect.collector.pool_batches import PoolBatchBuilder
 from rlcollect.errors import CollectorError
@@ -121,6 +123,29 @@ def test_the_last_batch_keeps_the_first_places_of_its_block():
     assert b.exhausted and b.add_chunk(0, 4) == [(0, 4)]
 
 
+def test_the_time_a_worker_has_no_place_to_write_is_counted(monkeypatch):
+    """A worker that has handed over both its places waits until it is given one: from
+    its second hand-over to that moment, by the builder's clock."""
+    clock = [0.0]
+    monkeypatch.setattr(pool_batches, "_now", lambda: clock[0])
+    b, _ = builder()
+    assert b.add_chunk(0, 0) == [(0, 4)] and b.add_chunk(1, 1) == [(1, 5)]  # block 0 lent
+    assert b.add_chunk(0, 2) == [(0, 6)] and b.add_chunk(1, 3) == [(1, 7)]  # block 1 lent
+    kept = [b.pop(), b.pop()]  # both loans out: only blocks 2 and 3 are the workers'
+    assert b.add_chunk(0, 4) == []  # worker 0 still writes place 6
+    clock[0] = 1.0
+    assert b.add_chunk(0, 6) == []  # and now has nothing to write
+    assert b.place_wait_seconds == 0.0
+    clock[0] = 3.5
+    assert b.place_wait_seconds == 2.5  # still waiting
+    # Block 2 copied, its places go to worker 0, first in line for both; worker 1 is
+    # in line after it, but still writes place 7: it does not wait.
+    assert b.add_chunk(1, 5) == [(0, 4), (0, 5)]
+    clock[0] = 10.0
+    assert b.place_wait_seconds == 2.5
+    assert steps(kept[0]) == [10] * 6 + [11] * 6
+
+
 def test_a_place_the_worker_was_not_given_is_an_error():
     b, _ = builder()
     with pytest.raises(CollectorError, match=r"worker 1 handed over place 0 .* worker 0"):
@@ -204,7 +229,9 @@ def test_a_block_batch_survives_close():
 def test_places_are_copied_where_a_block_is_not_a_batch():
     with in_step(transition_chunk_size=8, total_frames=8 * FPB) as c:
         data = torch.cat(list(c))
-        assert c.stats()["ring_batches"] == 0
+        stats = c.stats()
+    assert stats["ring_batches"] == 0
+    assert stats["place_wait_seconds"] == 0.0  # the ring is not pooled: no places
     check_counting_streams(data)
 
 

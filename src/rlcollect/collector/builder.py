@@ -69,6 +69,12 @@ class ChunkBuilder(abc.ABC):
         """Batches handed out as views of the ring so far."""
         return 0
 
+    @property
+    def place_wait_seconds(self) -> float:
+        """Seconds workers have had no place of a pooled ring to write, summed over the
+        workers, as the driver sees it (``pool_batches.py``); 0 for other rings."""
+        return 0.0
+
     def returned(self) -> list[tuple[int, int]]:
         """The ``(worker, slot)`` pairs lent to batches nothing can reach any more."""
         return []

@@ -139,6 +139,11 @@ class ChunkLoop:
         return self._builder.lent
 
     @property
+    def place_wait_seconds(self) -> float:
+        """Seconds workers had no place of a pooled ring to write (``pool_batches.py``)."""
+        return self._builder.place_wait_seconds
+
+    @property
     def batch_memory_reuses(self) -> int:
         """Batches built in the memory of an earlier batch already let go
         (``batch_memory.py``)."""

@@ -411,6 +411,7 @@ class AsyncBatchedCollector(CollectorFacade):
             "consumer_wait_seconds": self._chunks.wait_seconds,
             "batch_memory_reuses": self._chunks.batch_memory_reuses,
             "ring_batches": self._chunks.ring_batches,
+            "place_wait_seconds": self._chunks.place_wait_seconds,
             "policy_version": self.policy_version,
             "episodes": self._chunks.episodes.stats(),
         }

@@ -38,6 +38,12 @@ reported by ``stall_timeout``). Blocks are lent again as soon as the sequence is
 at a block's first place with every place written, which is when the slow place has
 been copied too.
 
+What that wait costs is counted: a worker that has handed over both its places has
+nothing to write until it is given one, and the seconds from its second hand-over to
+then, summed over the workers, are ``stats()["place_wait_seconds"]`` (as the driver
+sees them: each end a pipe's latency late). Copying the written places lets the batch
+go on, but frees no place of a block until its slow place is in too.
+
 Why every env's stream stays in order: a worker writes its places in the order it is
 given them (``names_slots``), and places are taken into batches in the order they were
 given, except that a copy passes over places still being written. Those are the
@@ -56,6 +62,7 @@ caller holds no more than the loop does).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -67,6 +74,8 @@ from rlcollect.errors import CollectorError
 from rlcollect.transports.layout import RingLayout
 
 __all__ = ["PoolBatchBuilder"]
+
+_now = time.perf_counter  # (a name of its own: the tests give the builder a clock)
 
 
 class PoolBatchBuilder(BatchBuilder):
@@ -91,7 +100,19 @@ class PoolBatchBuilder(BatchBuilder):
         self._taken = [0] * layout.slots  # places of each block copied out
         self._free: deque[int] = deque(range(2 * width, layout.places))  # whole blocks
         self._wanting: deque[int] = deque()  # workers owed a place, in line
+        # A worker owed as many places as it holds at the start has none left to write:
+        # from then until it is given one it waits (place_wait_seconds).
+        self._holds = len(layout.first_credits(0))
+        self._owed = [0] * width
+        self._waiting_since: dict[int, float] = {}
+        self._waited = 0.0
         return super()._start_lending(layout, lend, frames_per_batch)
+
+    @property
+    def place_wait_seconds(self) -> float:
+        now = _now()
+        # (a tuple first: stats() may read this from another thread than the one adding)
+        return self._waited + sum(now - t for t in tuple(self._waiting_since.values()))
 
     def returned(self) -> list[tuple[int, int]]:
         for _, block in super().returned():  # one loan per block, all as worker 0's
@@ -110,6 +131,9 @@ class PoolBatchBuilder(BatchBuilder):
             )
         self._written.add(slot)
         self._wanting.append(worker)  # owed the next place
+        self._owed[worker] += 1
+        if self._owed[worker] == self._holds:
+            self._waiting_since[worker] = _now()
         while self._size:
             block = self._whole_block() if self._filled == 0 else None
             if block is not None:
@@ -181,6 +205,9 @@ class PoolBatchBuilder(BatchBuilder):
         given = []
         while self._wanting and self._free:
             worker, place = self._wanting.popleft(), self._free.popleft()
+            if self._owed[worker] == self._holds:
+                self._waited += _now() - self._waiting_since.pop(worker)
+            self._owed[worker] -= 1
             self._given.append(place)
             self._holder[place] = worker
             given.append((worker, place))
