@@ -31,9 +31,6 @@ Probes:
                      results/archive/h200/result_inputs/README.txt)
     worker_sched_other  a worker process that runs its own policy goes back to
                      SCHED_OTHER, its env's threads with it (not yet measured on the H200)
-    thread_lending   the server thread with a GPU policy page-locks an alias of the ring
-                     and lends pooled-ring blocks (a candidate feature; its tests in
-                     probes/thread_lending.tests.diff; not yet measured on the GPU)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is
