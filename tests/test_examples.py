@@ -766,3 +766,28 @@ def test_probe_trees_apply_to_head(tmp_path):
             py_compile.compile(str(tree / rel), doraise=True)
     with pytest.raises(ValueError, match="no probe 'nope'"):
         probe_tree.build("nope", tmp_path / "nope")
+
+
+def test_pool_sim_experiment(tmp_path):
+    # The real pooled-ring builder on simulated chunk times: six blocks lend every batch
+    # and leave no worker without a place where four lend only some (as the GPU host
+    # measured: benchmarks/results/archive/pool_sim_cpu/).
+    out = tmp_path / "sim.json"
+    run(
+        "benchmarks/experiments/pool_sim.py",
+        *("--batches", "200", "--seeds", "1", "--cv", "0.1", "--stall-p", "0"),
+        *("--blocks", "4", "6", "--out", str(out)),
+    )
+    rows = {row["blocks"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows[6]["lent_share"] == 1.0 and rows[6]["wait_share"] == 0.0
+    assert rows[4]["lent_share"] < 0.9
+
+
+@pytest.mark.slow
+def test_worker_faults_experiment():
+    # Workers of a pooled ring map it whole at start: no page faults as they write
+    # places they had not written before (about 86,000 in 5 batches without it).
+    out = run("benchmarks/experiments/worker_faults.py", "--batches", "5")
+    pooled, plain = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+    assert pooled["ring_batches"] >= 5 and plain["ring_batches"] == 0
+    assert pooled["worker_faults_after_batch"][-1][1] < 1000, pooled

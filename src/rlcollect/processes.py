@@ -18,6 +18,8 @@ Shared-memory segments (who creates, who maps, who unlinks, and why it is safe):
 * The driver checks the space in ``/dev/shm`` first and backs every page at once
   (``posix_fallocate``), so a shortage is a clear error at construction, never a
   SIGBUS later in a worker or the driver.
+* A child that will write pages all over a segment maps every page of it at once
+  (:func:`map_every_page`), so that it takes no page fault per page as it goes.
 * The driver unlinks it when done; a child that finds the driver gone unlinks it too
   (:func:`unlink_segment`: unlinking a removed name is harmless), so a driver killed
   with SIGKILL leaves no segment behind.
@@ -70,6 +72,7 @@ __all__ = [
     "create_segment",
     "describe_exit",
     "lend_pages",
+    "map_every_page",
     "read_handoff",
     "release_mapping",
     "shm_free_bytes",
@@ -155,6 +158,31 @@ def attach_segment(name: str, size: int) -> mmap.mmap:
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14 and later; the mmap module does not name it
+
+
+def map_every_page(mapping: mmap.mmap) -> None:
+    """Enter every page of ``mapping`` into this process's page tables now, writable,
+    without touching what the pages hold (other processes may be writing them).
+
+    Why: a process takes a page fault on its first access to each page of a shared
+    mapping, even where another process mapped the page long ago. A worker of a pooled
+    ring writes places all over the ring as it is given them
+    (``collector/pool_batches.py``), so every place it had not written before cost it
+    a fault per page, about a thousand for a place of Pong frames: 4 workers on 2 cores
+    took 281,000 faults in their first 30 batches, still rising, where workers that
+    write only their own slots take none after the first batch
+    (``benchmarks/results/archive/pool_faults_cpu/``). Mapped at start, the ring costs
+    each worker its page-table entries (8 bytes a page) and one pass over them."""
+    try:
+        mapping.madvise(_MADV_POPULATE_WRITE)
+    except (OSError, ValueError):
+        # An older kernel: a read enters a page as well (a shared page needs no copy
+        # on write, so the entry is writable where the mapping is).
+        for offset in range(0, len(mapping), mmap.PAGESIZE):
+            mapping[offset]
 
 
 #: Mappings some of whose pages the caller may still read through batches lent to it

@@ -1,5 +1,6 @@
 """What only the process transport promises: real processes, real shared memory, cleanup."""
 
+import dataclasses
 import functools
 import os
 import signal
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from envs import exit_marking
@@ -17,6 +19,7 @@ from programs import PaddedProgram
 from rlcollect import AsyncBatchedCollector
 from rlcollect.errors import CollectorError, WorkerError
 from rlcollect.testing import counting_layout, counting_programs
+from rlcollect.testing._checks import _handed, _mark_places
 from rlcollect.transports import ProcessSlotTransport
 
 
@@ -110,6 +113,34 @@ def test_a_ring_of_more_slots_than_a_credit_can_name_is_refused():
     with pytest.raises(ValueError, match="at most 256 slots per worker"):
         transport.start(layout, counting_programs(layout))
     transport.close()
+
+
+def test_a_worker_of_a_pooled_ring_maps_the_whole_ring_at_start():
+    """Each worker writes places all over a pooled ring, so it maps every page of it
+    before its first place (processes.map_every_page): its resident shared memory is
+    the whole ring once it has handed its first places over, where it has written only
+    four of twelve places (a third of the ring)."""
+    layout = dataclasses.replace(
+        counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2048, slots=6),
+        pooled=True,
+    )
+    assert layout.nbytes > 64 * os.sysconf("SC_PAGE_SIZE")
+    transport = ProcessSlotTransport()
+    end = transport.start(layout, [_mark_places] * 2)
+    try:
+        assert sorted(place for _, place in _handed(end, 4)) == [0, 1, 2, 3]
+        for pid in transport.pids:
+            status = Path(f"/proc/{pid}/status").read_text()
+            kib = int(
+                next(line for line in status.splitlines() if line.startswith("RssShmem:")).split()[
+                    1
+                ]
+            )
+            assert kib * 1024 >= layout.nbytes - os.sysconf("SC_PAGE_SIZE"), (
+                f"worker {pid} maps {kib} KiB of a {layout.nbytes // 1024} KiB ring"
+            )
+    finally:
+        transport.close()
 
 
 def test_start_does_not_wait_for_workers_to_read_their_programs(tmp_path, monkeypatch):

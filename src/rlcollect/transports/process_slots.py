@@ -108,6 +108,7 @@ from rlcollect.processes import (
     batch_scheduling,
     child_env,
     create_segment,
+    map_every_page,
     process_stopped,
     read_handoff,
     spawn,
@@ -217,6 +218,8 @@ def _worker_main() -> None:
         ring = attach_segment(header.shm_name, header.layout.nbytes)
     except FileNotFoundError:
         return  # the driver closed (and unlinked) before this worker got going
+    if header.layout.pooled:
+        map_every_page(ring)  # it will write places all over the ring (processes.py)
     end = _ProcessWorker(header, ring)
     try:
         program: WorkerProgram = pickle.loads(payload)
