@@ -171,9 +171,9 @@ def map_every_page(mapping: mmap.mmap) -> None:
     mapping, even where another process mapped the page long ago. A worker of a pooled
     ring writes places all over the ring as it is given them
     (``collector/pool_batches.py``), so every place it had not written before cost it
-    a fault per page, about a thousand for a place of Pong frames: 4 workers on 2 cores
-    took 281,000 faults in their first 30 batches, still rising, where workers that
-    write only their own slots take none after the first batch
+    a fault per 4 KB page, about 1 us each: 4 Pong workers on 2 cores took 150,000 to
+    235,000 faults in their first 30 batches, still rising, where workers that write
+    only their own slots take none after the first batch
     (``benchmarks/results/archive/pool_faults_cpu/``). Mapped at start, the ring costs
     each worker its page-table entries (8 bytes a page) and one pass over them."""
     try:
