@@ -31,10 +31,6 @@ Probes:
                      results/archive/h200/result_inputs/README.txt)
     worker_sched_other  a worker process that runs its own policy goes back to
                      SCHED_OTHER, its env's threads with it (not yet measured on the H200)
-    wide_credits     process_slots' credits are two bytes, so a pooled ring holds more
-                     than 256 places: 64 workers of one env each pool and lend (a
-                     candidate feature; its tests in probes/wide_credits.tests.diff;
-                     not yet measured on the GPU)
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is

@@ -174,8 +174,10 @@ def map_every_page(mapping: mmap.mmap) -> None:
     a fault per 4 KB page, about 1 us each: 4 Pong workers on 2 cores took 150,000 to
     235,000 faults in their first 30 batches, still rising, where workers that write
     only their own slots take none after the first batch
-    (``benchmarks/results/archive/pool_faults_cpu/``). Mapped at start, the ring costs
-    each worker its page-table entries (8 bytes a page) and one pass over them."""
+    (``benchmarks/results/archive/pool_faults_cpu/``). On a 16-core GPU host, 64 Pong
+    envs ran 1.25x as fast with the ring mapped at start
+    (``benchmarks/results/archive/h100/map_every_page/``). Mapped at start, the ring
+    costs each worker its page-table entries (8 bytes a page) and one pass over them."""
     try:
         mapping.madvise(_MADV_POPULATE_WRITE)
     except (OSError, ValueError):

@@ -18,8 +18,9 @@ from envs import counting_vector
 from helpers import CountingPolicy, check_counting_streams, hold_first_batch
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.loans import RingLoans, lending
-from rlcollect.testing import CountingVectorEnv
+from rlcollect.collector.loans import POOL_BLOCKS, RingLoans, lending
+from rlcollect.collector.plan import plan_collection
+from rlcollect.testing import CountingEnv, CountingVectorEnv
 from rlcollect.transports import ThreadQueueTransport
 
 FPB = 64  # 4 sub-envs x 16 steps: one chunk ("auto": frames_per_batch // num_envs steps)
@@ -196,3 +197,21 @@ def test_how_batches_may_view_the_ring(kwargs, expected):
         **kwargs,
     }
     assert lending(**args) == expected
+
+
+@pytest.mark.filterwarnings("ignore:torch runs")  # 64 workers on this machine's cores
+def test_sixty_four_workers_of_one_env_pool_over_process_slots():
+    """64 envs with the defaults (a worker each) over process_slots pool the ring: six
+    blocks of 64 places, more than a one-byte credit could name. Planned, not started."""
+    envs = [functools.partial(CountingEnv, i) for i in range(64)]
+    plan = plan_collection(
+        envs, CountingPolicy(), policy_factory=None, frames_per_batch=64 * 4,
+        total_frames=-1, transport="process_slots", envs_per_worker=1, worker_splits=None,
+        transition_chunk_size="auto", max_batch_size=None, min_batch_size=1,
+        batch_timeout=1e-3, policy_device="cpu", compile=False, cuda_graph=False,
+        inference_backend="process", replay_buffer=None, train_ratio=None,
+        learning_starts=0, seed=None, max_worker_restarts=0, stall_timeout=None,
+    )  # fmt: skip
+    assert plan.lend == "pool"
+    assert plan.layout.pooled and plan.layout.places == POOL_BLOCKS * 64
+    assert plan.transport.pool_places >= plan.layout.places

@@ -107,12 +107,45 @@ def test_request_channel_needs_a_running_transport():
         transport.request_channel()
 
 
-def test_a_ring_of_more_slots_than_a_credit_can_name_is_refused():
-    layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=257)
+def test_a_ring_of_more_slots_than_one_write_of_credits_holds_is_refused():
+    """A worker's first credits are one pipe write of at most 4096 bytes (two per slot)."""
     transport = ProcessSlotTransport()
-    with pytest.raises(ValueError, match="at most 256 slots per worker"):
+    layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=2049)
+    with pytest.raises(ValueError, match="at most 2048 slots per worker"):
         transport.start(layout, counting_programs(layout))
     transport.close()
+
+
+def test_a_pooled_ring_of_more_places_than_a_credit_can_name_is_refused():
+    layout = dataclasses.replace(
+        counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=2**16 + 1),
+        pooled=True,
+    )
+    transport = ProcessSlotTransport()
+    with pytest.raises(ValueError, match="at most 65536 places in a pooled ring"):
+        transport.start(layout, counting_programs(layout))
+    transport.close()
+
+
+def test_credits_name_places_past_a_byte():
+    """Two workers of a pooled ring of 600 places: a credit names places 300 and 599 (more
+    than a byte holds), and each worker writes the place named, not a byte of it."""
+    layout = dataclasses.replace(
+        counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=300), pooled=True
+    )
+    transport = ProcessSlotTransport()
+    end = transport.start(layout, [_mark_places] * 2)
+    steps = end.buffers[("step",)]
+    try:
+        first = _handed(end, 4)  # each worker's first credits: places 0-3
+        assert sorted(place for _, place in first) == [0, 1, 2, 3]
+        end.release(0, 300)
+        end.release(1, 599)
+        assert sorted(_handed(end, 2)) == [(0, 300), (1, 599)]
+        assert int(steps[1, 0, 0]) == 100 and int(steps[1, 299, 0]) == 101
+        assert int(steps[0, 44, 0]) == 0 and int(steps[0, 87, 0]) == 0  # 300 % 256, 599 % 256
+    finally:
+        transport.close()
 
 
 def test_a_worker_of_a_pooled_ring_maps_the_whole_ring_at_start():

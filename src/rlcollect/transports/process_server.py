@@ -13,6 +13,7 @@ import mmap
 import os
 import pickle
 import select
+import struct
 import subprocess
 import threading
 import time
@@ -27,7 +28,7 @@ from rlcollect.transports.base import RequestChannel, RequestEnd, ServerEnd
 from rlcollect.transports.generations import Generations, response_token
 from rlcollect.transports.layout import RingLayout
 
-__all__ = ["ProcessServerEnd", "ProcessSlotChannel"]
+__all__ = ["CREDIT", "MAX_FIRST_CREDITS", "ProcessServerEnd", "ProcessSlotChannel", "credit_bytes"]
 
 _READ_BYTES = 1 << 16
 _REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
@@ -35,6 +36,23 @@ _REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
 # shows at once as end-of-file on its reports pipe, but not while another process holds
 # a copy of that pipe's write end (a process the env started, which inherited it).
 _LIVENESS_EVERY = 0.5
+
+# A credit names the slot (in a pooled ring, the place of the whole ring) a worker may
+# write next: two bytes, little-endian, so a ring may hold 65,536 places: 64 workers of
+# one env each, six places each, pool (a one-byte credit named 256, 42 such workers).
+CREDIT = struct.Struct("<H")
+# The most credits one write may carry: 4,096 bytes, PIPE_BUF on Linux. A pipe write of
+# at most PIPE_BUF bytes is never split, so a reader never sees half a credit, and an
+# empty pipe holds at least that much (a pipe has one page at the least), so the
+# driver's first write of a worker's credits never blocks. A worker never holds more
+# credits than its first ones (slots, or a pooled ring's two places), so no later write
+# fills its pipe either.
+MAX_FIRST_CREDITS = 4096 // CREDIT.size
+
+
+def credit_bytes(slots: Sequence[int]) -> bytes:
+    """Credits naming ``slots``, in order, as the bytes of one write."""
+    return b"".join(CREDIT.pack(slot) for slot in slots)
 
 
 class ProcessServerEnd(ServerEnd):
@@ -150,7 +168,7 @@ class ProcessServerEnd(ServerEnd):
     def release(self, worker: int, slot: int) -> None:
         with self._lock:
             if not self._aborted:
-                _write_driver(self._credits_w[worker], bytes((slot,)))
+                _write_driver(self._credits_w[worker], CREDIT.pack(slot))
 
     def _collect_failure(self, worker: int, fd: int) -> WorkerError:
         """Read worker's report until end-of-file (it exits right after writing it)."""

@@ -42,13 +42,16 @@ The ring protocol (who writes what, in what order, why it is safe):
   whole transitions, their observation and outputs copied from each env's other
   staging cell, which no outstanding request names, while the server may be serving
   the new one) into a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not
-  touch the slot again until it has read a byte from ``credits[i]`` naming it, which
+  touch the slot again until it has read a credit from ``credits[i]`` naming it, which
   the driver writes after it has copied the slot out (or, for a batch lent to the
-  caller, once the caller let go of it: ``collector/loans.py``). ``credits[i]`` starts
-  with one byte per slot, 0 up, and the worker writes the slot its byte names next
-  (where nothing is lent the driver gives slots back in the order they came, which is
-  the order they were written in). In a pooled ring (``RingLayout.pooled``) a byte
-  names a place of the whole ring instead, which the worker maps whole: it starts with
+  caller, once the caller let go of it: ``collector/loans.py``). A credit is the slot's
+  number in two bytes (``process_server.CREDIT``), and the driver writes whole credits
+  in one write of at most ``PIPE_BUF`` bytes, which a pipe never splits, so the worker
+  never reads half of one. ``credits[i]`` starts with one credit per slot, 0 up, and
+  the worker writes the slot its credit names next (where nothing is lent the driver
+  gives slots back in the order they came, which is the order they were written in).
+  In a pooled ring (``RingLayout.pooled``) a credit names a place of the whole ring
+  instead (up to 65,536 places), which the worker maps whole: it starts with
   ``RingLayout.first_credits(i)``, and the driver gives each place to one worker at a
   time, once the place is copied out or let go of (``collector/pool_batches.py``), so
   the same rule holds: nobody else writes a place between a worker's credit for it and
@@ -124,7 +127,13 @@ from rlcollect.transports.base import (
 )
 from rlcollect.transports.generations import response_token, tag
 from rlcollect.transports.layout import RingLayout
-from rlcollect.transports.process_server import ProcessServerEnd, ProcessSlotChannel
+from rlcollect.transports.process_server import (
+    CREDIT,
+    MAX_FIRST_CREDITS,
+    ProcessServerEnd,
+    ProcessSlotChannel,
+    credit_bytes,
+)
 
 __all__ = ["ProcessSlotTransport"]
 
@@ -174,7 +183,7 @@ class _ProcessWorker(WorkerEnd):
         _write(self._h.chunks_w, _MESSAGE.pack(self.index, slot))
 
     def wait_slot(self) -> int:
-        return _read_token(self._h.credits_r)[0]  # the byte is the slot given back
+        return _read_credit(self._h.credits_r)  # the slot given back
 
     def report(self, failure: WorkerFailure) -> None:
         try:
@@ -193,9 +202,16 @@ def _write(fd: int, data: bytes) -> None:
         raise ChannelClosed("the driver closed the transport") from exc
 
 
-def _read_token(fd: int) -> bytes:
+def _read_credit(fd: int) -> int:
+    data = _read_token(fd, CREDIT.size)
+    while len(data) < CREDIT.size:  # never taken: credits are written whole (CREDIT)
+        data += _read_token(fd, CREDIT.size - len(data))
+    return int(CREDIT.unpack(data)[0])
+
+
+def _read_token(fd: int, size: int = 1) -> bytes:
     try:
-        token = os.read(fd, 1)
+        token = os.read(fd, size)
     except OSError as exc:
         raise ChannelClosed("the driver closed the transport") from exc
     if not token:
@@ -312,7 +328,7 @@ class ProcessSlotTransport(Transport):
     pickles_programs = True
     supports_request_channel = True
     names_slots = True
-    pool_places = 256  # a credit is one byte
+    pool_places = 2**16  # a credit is two bytes (process_server.CREDIT)
 
     @property
     def pids(self) -> list[int]:
@@ -352,11 +368,16 @@ class ProcessSlotTransport(Transport):
             raise CollectorError("a ProcessSlotTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
-        if layout.places > self.pool_places:
-            what = "places in a pooled ring" if layout.pooled else "slots per worker"
+        if layout.pooled and layout.places > self.pool_places:
             raise ValueError(
-                f"a ProcessSlotTransport ring holds at most {self.pool_places} {what} (each "
-                f"credit is one byte naming its slot), got {layout.places}"
+                f"a ProcessSlotTransport ring holds at most {self.pool_places} places in a "
+                f"pooled ring (a credit is two bytes naming its place), got {layout.places}"
+            )
+        if not layout.pooled and layout.places > MAX_FIRST_CREDITS:
+            raise ValueError(
+                f"a ProcessSlotTransport ring holds at most {MAX_FIRST_CREDITS} slots per "
+                f"worker (a worker's first credits, two bytes each, are one pipe write of at "
+                f"most 4096 bytes), got {layout.places}"
             )
         self._started = True
         payloads = []
@@ -391,7 +412,7 @@ class ProcessSlotTransport(Transport):
             child_fds = [requests_w, chunks_w]
             for i, (responses, credits, reports) in enumerate(pipes):
                 child_fds += [responses[0], credits[0], reports[1]]
-                os.write(credits[1], bytes(layout.first_credits(i)))  # the ring starts free
+                os.write(credits[1], credit_bytes(layout.first_credits(i)))  # the ring starts free
             self._server = ProcessServerEnd(
                 layout,
                 ring,
@@ -470,7 +491,7 @@ class ProcessSlotTransport(Transport):
         stop_processes([self._procs[worker]], timeout=_STOP_WAIT)
         credits_r, credits_w = os.pipe()
         reports_r, reports_w = os.pipe()
-        os.write(credits_w, bytes(layout.first_credits(worker)))  # every slot is free again
+        os.write(credits_w, credit_bytes(layout.first_credits(worker)))  # every slot is free again
         try:
             server.replace_worker(worker, credits_w, reports_r)
             self._generations[worker] += 1
