@@ -791,3 +791,16 @@ def test_worker_faults_experiment():
     pooled, plain = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
     assert pooled["ring_batches"] >= 5 and plain["ring_batches"] == 0
     assert pooled["worker_faults_after_batch"][-1][1] < 1000, pooled
+
+
+def test_gil_writes_experiment():
+    # Both writes answer every ping-pong worker beside each kind of companion thread.
+    out = run(
+        "benchmarks/experiments/gil_writes.py",
+        *("--workers", "2", "--answers", "200", "--repeats", "1", "--seconds", "30"),
+    )
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {(r["companion"], r["write"]) for r in rows} == {
+        (c, w) for c in ("idle", "torch", "python") for w in ("os.write", "PyDLL write")
+    }
+    assert all(r["us_per_answer"] > 0 and r["answers_per_second"] > 0 for r in rows)

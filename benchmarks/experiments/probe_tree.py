@@ -31,6 +31,9 @@ Probes:
                      results/archive/h200/result_inputs/README.txt)
     worker_sched_other  a worker process that runs its own policy goes back to
                      SCHED_OTHER, its env's threads with it (not yet measured on the H200)
+    gil_writes       responses and credits written through libc's write from a
+                     ctypes.PyDLL, which keeps the GIL (os.write lets go of it for
+                     each answer): experiments/gil_writes.py shows the mechanism
 
 The tree is ``git archive <commit> src`` with the patch applied; a probe that no longer
 applies fails here, naming the probe, before any device time is spent. The commit is
