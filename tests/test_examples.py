@@ -804,3 +804,14 @@ def test_gil_writes_experiment():
         (c, w) for c in ("idle", "torch", "python") for w in ("os.write", "PyDLL write")
     }
     assert all(r["us_per_answer"] > 0 and r["answers_per_second"] > 0 for r in rows)
+
+
+def test_busy_main_experiment():
+    # One fresh process per (backend, load); each reports what it collected.
+    out = run(
+        "benchmarks/experiments/busy_main.py",
+        *("--seconds", "0.3", "--repeats", "1", "--backends", "process", "--loads", "idle"),
+    )
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert (row["backend"], row["load"]) == ("process", "idle")
+    assert row["frames_per_second"] >= 0 and row["iterations_per_second"] > 0
