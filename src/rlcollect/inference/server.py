@@ -23,6 +23,10 @@ at most ``max_batch_size`` rows, and never less than one request. Requests are s
 in the order they arrived, so a worker holding several gets its responses in the order
 it asked: that is what lets a worker keep one request per group of envs outstanding.
 
+Once a second the loop also times how long the thread waits to take the interpreter
+lock back after letting go of it, and warns once where another thread of the process
+keeps it for whole switch intervals (``lock_wait.py``): collection would starve.
+
 The first batch waits for the first request of every worker: workers start at
 different speeds (process start, env construction), and serving the early ones alone
 would fill the first batches with a few envs' data.
@@ -31,8 +35,10 @@ would fill the first batches with a few envs' data.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +49,7 @@ import torch
 
 from rlcollect.errors import ChannelClosed, InferenceError
 from rlcollect.inference.base import InferenceBackend
+from rlcollect.inference.lock_wait import LockWatch
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import RequestEnd
@@ -241,6 +248,7 @@ class InferenceServer(InferenceBackend):
         self._batch_sizes = np.zeros(batching.max_batch_size + self._k + 1, np.int64)
         self._latencies = np.zeros(_LATENCIES, np.float64)
         self._served = 0
+        self._warned_of_lock = False
 
     @property
     def policy_version(self) -> int:
@@ -360,10 +368,13 @@ class InferenceServer(InferenceBackend):
         timeout = self._batching.batch_timeout
         clock = time.perf_counter_ns
         phase = self._phase_ns
+        watch = LockWatch()
         while not self._stop.is_set():
             if self._pause.is_set():
                 self._hold()
                 continue
+            if watch.due(time.perf_counter()):
+                self._watch_the_lock(watch)
             # wait
             t0 = clock()
             if not pending:
@@ -389,6 +400,25 @@ class InferenceServer(InferenceBackend):
             if pending:
                 oldest = pending[0][2]
             self._serve(batch)
+
+    def _watch_the_lock(self, watch: LockWatch) -> None:
+        """Warn once if this thread keeps waiting whole switch intervals to take the
+        interpreter lock back (``lock_wait.py``): a thread of this process busy in pure
+        Python is starving collection."""
+        watch.check()
+        if self._warned_of_lock or not watch.starved():
+            return
+        self._warned_of_lock = True
+        warnings.warn(
+            f"the inference server thread waited {1e3 * max(watch.waits):.1f} ms to take "
+            "the interpreter lock back after letting go of it, in "
+            f"{sum(w >= sys.getswitchinterval() / 2 for w in watch.waits)} of its last "
+            f"{len(watch.waits)} checks: another thread of this process keeps the lock "
+            "busy in pure Python (a training loop?), and collection starves. Use "
+            "inference_backend='process' (docs/tuning.md, inference_backend).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _hold(self) -> None:
         """Hold between batches while paused (a quiet point: no forward runs)."""
