@@ -26,6 +26,7 @@ from helpers import (
 )
 
 from rlcollect import AsyncBatchedCollector, InferenceError
+from rlcollect.collector.loans import POOL_BLOCKS
 from rlcollect.errors import RemoteTraceback
 
 
@@ -96,13 +97,16 @@ def test_weight_updates_are_versioned():
 
 
 def test_many_updates_in_flight_land_in_order():
+    """50 updates in a row land in order, and the last one reaches the data once the
+    rows written before it are through: a pooled ring (four envs, a chunk of each a
+    batch) holds at most POOL_BLOCKS batches of them, so within POOL_BLOCKS + 1."""
     policy = CountingPolicy()
     with process_collector(policy, total_frames=-1) as c:
         next(c)
         versions = [c.update_policy_weights_(policy) for _ in range(50)]
         assert versions == list(range(1, 51))
         assert c.server.wait_applied(50, timeout=30)
-        data = collect(next(c) for _ in range(5))
+        data = collect(next(c) for _ in range(POOL_BLOCKS + 1))
     assert int(data["policy_version"].max()) == 50
     check_backend_gone(c)
 
