@@ -20,11 +20,13 @@ range; results go to ``benchmarks/results/background_training.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +54,18 @@ def q_network(env: str) -> nn.Module:
     )  # fmt: skip
 
 
-def one_run(env: str, backend: str, learner: bool, envs: int) -> dict[str, Any]:
-    torch.set_num_threads(1)  # the learner's share of a small machine; workers get the rest
-    rb = ReplayBuffer(FRAMES[env], seed=0)
-    q = q_network(env)
-    optimizer = torch.optim.Adam(q.parameters(), lr=1e-4)
-    updates = 0
+@contextlib.contextmanager
+def collecting(
+    env: str, backend: str, envs: int, rb: ReplayBuffer, total_frames: int = -1
+) -> Iterator[AsyncBatchedCollector]:
+    """``envs`` copies of ``env`` collecting into ``rb`` in the background (its policy on
+    the CPU, served by ``backend``), entered once the first row is in: what a measuring
+    window starts from (worker start-up excluded). Shut down on leaving."""
     with AsyncBatchedCollector(
         [ENVS[env]] * envs,
         policy_for(env),
         frames_per_batch=256,
-        total_frames=FRAMES[env],
+        total_frames=total_frames,
         policy_device="cpu",
         inference_backend=backend,
         replay_buffer=rb,
@@ -70,6 +73,16 @@ def one_run(env: str, backend: str, learner: bool, envs: int) -> dict[str, Any]:
         collector.start()
         while len(rb) == 0:
             collector.join(timeout=0.001)
+        yield collector
+
+
+def one_run(env: str, backend: str, learner: bool, envs: int) -> dict[str, Any]:
+    torch.set_num_threads(1)  # the learner's share of a small machine; workers get the rest
+    rb = ReplayBuffer(FRAMES[env], seed=0)
+    q = q_network(env)
+    optimizer = torch.optim.Adam(q.parameters(), lr=1e-4)
+    updates = 0
+    with collecting(env, backend, envs, rb, total_frames=FRAMES[env]) as collector:
         t0, rows0 = time.perf_counter(), rb.written
         while not collector.join(timeout=0 if learner else None):
             batch = rb.sample(BATCH[env])

@@ -1,9 +1,10 @@
 """Background collection while the training script's own thread is busy: does the
 collector keep collecting?
 
-``collector.start()`` collects into a ``ReplayBuffer`` on threads of the training
-process (the consuming thread, and with ``inference_backend="thread"`` the inference
-server), which share the interpreter lock with the script's thread. For ``--seconds``
+``collector.start()`` (CartPole as ``background_training.py`` runs it) collects into a
+``ReplayBuffer`` on threads of the training process (the consuming thread, and with
+``inference_backend="thread"`` the inference server), which share the interpreter
+lock with the script's thread. For ``--seconds``
 the script's thread either waits (``idle``), trains on small matrix products that let
 go of the lock inside each call (``torch``), or runs a loop of pure Python that never
 lets go of it (``python``: parsing, logging, Python-side preprocessing). A thread that
@@ -18,7 +19,6 @@ of ``--repeats`` fresh processes::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import subprocess
@@ -26,13 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from policies import policy_for
+from background_training import collecting  # the same collector, started the same way
 
-from rlcollect import AsyncBatchedCollector, ReplayBuffer
+from rlcollect import ReplayBuffer
 
 LOADS = ("idle", "torch", "python")
 
@@ -41,17 +40,7 @@ def one_run(backend: str, load: str, seconds: float, envs: int) -> dict[str, flo
     torch.set_num_threads(1)
     rb = ReplayBuffer(10_000_000, seed=0)
     a = torch.ones(64, 64)
-    with AsyncBatchedCollector(
-        [functools.partial(gym.make, "CartPole-v1")] * envs,
-        policy_for("cartpole"),
-        frames_per_batch=256,
-        policy_device="cpu",
-        inference_backend=backend,
-        replay_buffer=rb,
-    ) as collector:
-        collector.start()
-        while len(rb) == 0:
-            collector.join(timeout=0.001)
+    with collecting("cartpole", backend, envs, rb) as collector:
         t0, rows0, iterations, x = time.perf_counter(), rb.written, 0, 0
         while time.perf_counter() - t0 < seconds:
             if load == "python":
