@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import lowest_niceness_allowed, may_lower_niceness
 
-from rlcollect.collector.vector_worker import DRIVER_NICE
+from rlcollect.worker.vector_loop import DRIVER_NICE
 
 ROOT = Path(__file__).resolve().parents[1]
 

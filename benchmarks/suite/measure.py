@@ -89,7 +89,7 @@ def measure_collector(
         result = measure(steps, warmup_s, measure_s)
         stats = held[0].stats()
         server = stats.get("server", {})
-        # batches handed out as views of their ring slot (collector/loans.py)
+        # batches handed out as views of their ring slot (collector/batches/loans.py)
         result["ring_batches"] = stats.get("ring_batches")
         result["place_wait_seconds"] = stats.get("place_wait_seconds")
         result["transition_chunk_size"] = held[0].transition_chunk_size

@@ -170,7 +170,7 @@ def map_every_page(mapping: mmap.mmap) -> None:
     Why: a process takes a page fault on its first access to each page of a shared
     mapping, even where another process mapped the page long ago. A worker of a pooled
     ring writes places all over the ring as it is given them
-    (``collector/pool_batches.py``), so every place it had not written before cost it
+    (``collector/batches/pooled.py``), so every place it had not written before cost it
     a fault per 4 KB page, about 1 us each: 4 Pong workers on 2 cores took 150,000 to
     235,000 faults in their first 30 batches, still rising, where workers that write
     only their own slots take none after the first batch
@@ -188,7 +188,7 @@ def map_every_page(mapping: mmap.mmap) -> None:
 
 
 #: Mappings some of whose pages the caller may still read through batches lent to it
-#: (``collector/loans.py``), each with a test of whether a lent batch is alive.
+#: (``collector/batches/loans.py``), each with a test of whether a lent batch is alive.
 _LENT: weakref.WeakKeyDictionary[mmap.mmap, Callable[[], bool]] = weakref.WeakKeyDictionary()
 
 

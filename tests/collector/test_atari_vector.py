@@ -17,8 +17,8 @@ from envs import atari_vector
 from helpers import lowest_niceness_allowed, streams
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.vector_worker import DRIVER_NICE
 from rlcollect.transports import ProcessSlotTransport
+from rlcollect.worker.vector_loop import DRIVER_NICE
 
 pytestmark = pytest.mark.slow
 

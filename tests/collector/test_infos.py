@@ -1,4 +1,4 @@
-"""``info_keys``: numeric info entries carried as ("next", "info", name) (collector/infos.py),
+"""``info_keys``: numeric info entries carried as ("next", "info", name) (worker/infos.py),
 for plain envs and vector envs (info as arrays with "_name" masks; SameStep's final_info),
 on both transports; missing or non-numeric entries are errors naming the env and entry."""
 

@@ -15,7 +15,7 @@ import torch
 
 from rlcollect.errors import InferenceError
 from rlcollect.inference.board import WeightsBoard
-from rlcollect.inference.process import WeightsLayout
+from rlcollect.inference.config import WeightsLayout
 
 
 def weights(value: float) -> dict[str, torch.Tensor]:
@@ -76,7 +76,7 @@ def test_a_dead_holders_lock_is_released(boards):
         f"""
         import sys
         from rlcollect.inference.board import WeightsBoard
-        from rlcollect.inference.process import WeightsLayout
+        from rlcollect.inference.config import WeightsLayout
         board = WeightsBoard.attach({where})
         assert board._lock(0)
         print("locked", flush=True)

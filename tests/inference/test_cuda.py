@@ -427,7 +427,7 @@ def test_an_uncapturable_policy_fails_in_the_inference_process_with_a_clear_erro
 @pytest.mark.parametrize("backend", ["thread", "process"])
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_on_policy_rollouts_with_graphs_use_one_version_per_batch(mode, backend):
-    # The round gate (collector/rollouts.py) with weights updated in place into captured
+    # The round gate (collector/batches/rounds.py) with weights updated in place into captured
     # graphs: every row of batch k carries the tag of the k-th update.
     from helpers import TaggedPolicy
 

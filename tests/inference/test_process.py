@@ -26,7 +26,7 @@ from helpers import (
 )
 
 from rlcollect import AsyncBatchedCollector, InferenceError
-from rlcollect.collector.loans import POOL_BLOCKS
+from rlcollect.collector.batches.loans import POOL_BLOCKS
 from rlcollect.errors import RemoteTraceback
 
 
@@ -56,7 +56,7 @@ def test_batches_view_blocks_of_a_pooled_ring_the_server_reads_by_place():
     pooled, the inference process gathers and scatters each request by the place its
     worker writes, and batches are lent views of it. The server answers no env before
     every env has asked, which keeps the workers in step: then at least a third of the
-    batches are lent (tests/collector/test_pool_batches.py says why)."""
+    batches are lent (tests/collector/batches/test_pooled.py says why)."""
     with process_collector(
         n=8, envs_per_worker=2, worker_splits=2, frames_per_batch=128, total_frames=1280,
         min_batch_size=8, batch_timeout=30.0,

@@ -1,5 +1,4 @@
-"""The collector and its worker loop.
-
-Import from the submodules: ``rlcollect.collector.collector`` pulls in torch, while
-``rlcollect.collector.worker`` must stay importable without it (worker processes).
+"""The collector's face and plan: ``AsyncBatchedCollector``, the checks and probe its plan
+is made from, and background collection. The chunks-to-batches machinery is the
+``batches`` wing; what runs inside the workers is ``rlcollect.worker``.
 """

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from rlcollect.collector.source import Source
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
+from rlcollect.worker.source import Source
 
 __all__ = [
     "BACKENDS",

@@ -14,7 +14,8 @@ The collector is a façade over its parts, each in a module of its own:
   started nothing;
 * the transport (``transports/``) runs the workers; ``inference/backend.py`` starts the
   inference server, in this process or in its own;
-* ``chunks.py``: chunks into exact batches, worker restarts (``restarts.py``);
+* ``batches/loop.py``: chunks into exact batches, worker restarts
+  (``batches/restarts.py``);
 * ``background.py``: the background thread, pause, and the ``train_ratio`` throttle;
 * ``facade.py``: iteration, ``start``/``join``/``pause``/``shutdown``, shared with
   ``RayCollector``.
@@ -35,16 +36,16 @@ from typing import Any, Literal
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.ahead import PauseBetweenRounds, RoundAhead
 from rlcollect.collector.background import Pausable
+from rlcollect.collector.batches.ahead import PauseBetweenRounds, RoundAhead
+from rlcollect.collector.batches.loop import ChunkLoop
 from rlcollect.collector.checks import claim_transport
-from rlcollect.collector.chunks import ChunkLoop
 from rlcollect.collector.facade import CollectorFacade
 from rlcollect.collector.plan import plan_collection
 from rlcollect.errors import CollectorError
 from rlcollect.inference.backend import start_backend
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.inference.in_workers import WorkerInference
+from rlcollect.inference.in_worker_policy import InWorkerBackend
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -279,7 +280,7 @@ class AsyncBatchedCollector(CollectorFacade):
             if plan.backend == "worker":
                 # The workers serve themselves: their weights board exists before they do.
                 assert plan.served is not None
-                backend = WorkerInference(
+                backend = InWorkerBackend(
                     plan.inference,
                     plan.policy_source,
                     policy_is_factory=plan.policy_is_factory,
@@ -385,7 +386,7 @@ class AsyncBatchedCollector(CollectorFacade):
         if gate is None:
             return self.server.update_weights(state)
         # On-policy: an update from another thread while a round runs waits for its end,
-        # so that no batch mixes two versions (collector/rollouts.py).
+        # so that no batch mixes two versions (collector/batches/rounds.py).
         with gate.between_rounds(self._check_alive):
             return self.server.update_weights(state)
 

@@ -2,7 +2,7 @@
 
 :func:`plan_collection` checks the constructor's arguments (``checks.py``, in a fixed
 order), builds env 0 and runs the policy once (``probe.py``), lays the ring out from
-what it learned, writes one :class:`~rlcollect.collector.spec.WorkerSpec` per worker and
+what it learned, writes one :class:`~rlcollect.worker.spec.WorkerSpec` per worker and
 the configuration the inference backend is built from. The :class:`Plan` it returns is
 frozen and has started nothing: no worker, no thread, no shared memory. The collector
 (``collector.py``) starts the parts from it.
@@ -29,7 +29,8 @@ import torch
 from gymnasium import spaces
 
 from rlcollect.collector import checks
-from rlcollect.collector.loans import LEND_SLOTS, POOL_BLOCKS, Lending, lending
+from rlcollect.collector.batches.loans import LEND_SLOTS, POOL_BLOCKS, Lending, lending
+from rlcollect.collector.batches.restarts import RESTART_SLOTS
 from rlcollect.collector.probe import (
     build_policy,
     observation_fields,
@@ -38,25 +39,24 @@ from rlcollect.collector.probe import (
     probe_runner,
     served_policy,
 )
-from rlcollect.collector.restarts import RESTART_SLOTS
-from rlcollect.collector.source import Source
-from rlcollect.collector.spec import IS_INIT, WorkerSpec, transition_fields
-from rlcollect.collector.worker import run_worker
-from rlcollect.inference.local import LocalPolicy, run_local_worker
+from rlcollect.inference.config import InferenceConfig, WeightsLayout
+from rlcollect.inference.in_worker_policy import InWorkerPolicy, run_worker_with_policy
 from rlcollect.inference.policy import output_fields
-from rlcollect.inference.process import InferenceConfig, WeightsLayout
 from rlcollect.inference.recurrent import state_fields
 from rlcollect.inference.server import BatchingConfig
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport, WorkerProgram
 from rlcollect.transports.layout import RingLayout, Staging
+from rlcollect.worker.loop import run_worker
+from rlcollect.worker.source import Source
+from rlcollect.worker.spec import IS_INIT, WorkerSpec, transition_fields
 
 __all__ = ["Plan", "plan_collection", "program"]
 
 _SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
 _ROUND_SLOTS = 1  # on-policy: a worker's one round, which the driver gives back to start
-# the next (collector/rollouts.py)
+# the next (collector/batches/rounds.py)
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,9 @@ class Plan:
     max_worker_restarts: int
     stall_timeout: float | None
     on_policy: bool = False
-    #: On-policy only: 1 starts round k+1 when batch k is handed out (``ahead.py``).
+    #: On-policy only: 1 starts round k+1 when batch k is handed out (``batches/ahead.py``).
     policy_lag: int = 0
-    #: Batches are views of the ring, lent until let go (``loans.py``): ``"chunk"``,
+    #: Batches are views of the ring, lent until let go (``batches/loans.py``): ``"chunk"``,
     #: one worker's chunk is a batch; ``"pool"``, one block of a pooled ring is; ``""``,
     #: every batch is copied out.
     lend: Lending = ""
@@ -108,16 +108,16 @@ class Plan:
         """Transitions per worker message."""
         return self.layout.chunk_steps * self.layout.envs_per_worker
 
-    def programs(self, local: LocalPolicy | None = None) -> list[WorkerProgram]:
+    def programs(self, local: InWorkerPolicy | None = None) -> list[WorkerProgram]:
         """What each worker runs (see :func:`program`)."""
         return [program(spec, local) for spec in self.specs]
 
 
-def program(spec: WorkerSpec, local: LocalPolicy | None) -> WorkerProgram:
+def program(spec: WorkerSpec, local: InWorkerPolicy | None) -> WorkerProgram:
     """What the worker of ``spec`` runs: the worker loop, with its own copy of the policy
     when ``local`` says how to build it (``inference_backend="worker"``)."""
     if local is not None:
-        return functools.partial(run_local_worker, spec=spec, policy=local)
+        return functools.partial(run_worker_with_policy, spec=spec, policy=local)
     return functools.partial(run_worker, spec=spec)
 
 

@@ -1,7 +1,7 @@
 """What the collector learns before it starts anything: the envs' spaces and the policy's
 outputs.
 
-It builds env 0 once in the driver (``source.py`` says what it finds there), serves a
+It builds env 0 once in the driver (``worker/source.py`` says what it finds there), serves a
 copy of the policy on its device and runs it once on two sampled observations; the ring
 is then laid out from both. With ``info_keys`` env 0 is also reset and stepped once
 (a sampled action), and each entry's dtype and per-env shape are read from that step's
@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from rlcollect.collector.infos import NUMERIC_KINDS
-from rlcollect.collector.source import Source, describe
-from rlcollect.collector.spec import info_key, observation_key
 from rlcollect.errors import WorkerError
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Path
+from rlcollect.worker.infos import NUMERIC_KINDS
+from rlcollect.worker.source import Source, describe
+from rlcollect.worker.spec import info_key, observation_key
 
 __all__ = [
     "build_policy",

@@ -37,7 +37,7 @@ from rlcollect.collector.collector import AsyncBatchedCollector
 from rlcollect.distributed.failures import Failure, describe
 from rlcollect.distributed.rows import Rows, to_rows
 from rlcollect.errors import CollectorError
-from rlcollect.inference.in_workers import WorkerInference
+from rlcollect.inference.in_worker_policy import InWorkerBackend
 from rlcollect.inference.process import ProcessInference
 from rlcollect.transports.process_slots import ProcessSlotTransport
 
@@ -268,6 +268,6 @@ def _segments(collector: AsyncBatchedCollector) -> list[str]:
     names = []
     if isinstance(collector.transport, ProcessSlotTransport) and collector.transport.shm_name:
         names.append(collector.transport.shm_name)
-    if isinstance(collector.server, ProcessInference | WorkerInference):
+    if isinstance(collector.server, ProcessInference | InWorkerBackend):
         names.append(collector.server.shm_name)
     return names

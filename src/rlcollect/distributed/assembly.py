@@ -14,7 +14,7 @@ given and cuts it only at batch boundaries.
 
 Exact accounting: only rows handed to the assembler count, and it hands out exactly
 ``total_frames`` of them; rows past the budget are the end of every stream (as in
-``collector/batches.py``).
+``collector/batches/copied.py``).
 
 Restarts (:class:`HoldBack`): an actor that dies leaves its envs in the middle of an
 episode, and the rows it already sent may be in batches the caller holds, too late to

@@ -1,7 +1,7 @@
 """Starting an inference backend: the only place that knows ``"thread"`` and ``"process"``.
 
-Both backends serve the same server (:func:`build_server`), built from the same
-:class:`~rlcollect.inference.process.InferenceConfig`: in this process
+Both backends serve the same server (:func:`~rlcollect.inference.build.build_server`),
+built from the same :class:`~rlcollect.inference.config.InferenceConfig`: in this process
 (``"thread"``), or in a process of its own that reads the workers' requests through the
 transport's :class:`~rlcollect.transports.base.RequestChannel` (``"process"``).
 What each backend is: ``inference/base.py``.
@@ -14,50 +14,12 @@ from typing import Any
 import torch
 
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.inference.policy import PolicyRunner
-from rlcollect.inference.process import InferenceConfig, ProcessInference
-from rlcollect.inference.server import InferenceServer
-from rlcollect.inference.step import build_action_step
-from rlcollect.transports.base import RequestEnd, ServerEnd, Transport
+from rlcollect.inference.build import build_server
+from rlcollect.inference.config import InferenceConfig
+from rlcollect.inference.process import ProcessInference
+from rlcollect.transports.base import ServerEnd, Transport
 
-__all__ = ["build_server", "start_backend"]
-
-
-def build_server(
-    policy: torch.nn.Module, config: InferenceConfig, end: RequestEnd
-) -> InferenceServer:
-    """The server for ``policy`` (already on ``config.device``), not started yet: the
-    action step is built (compiled, captured) here."""
-    device = torch.device(config.device)
-    runner = PolicyRunner(policy, device=device, observation_paths=config.observation_paths)
-    if runner.recurrent != config.recurrent:
-        # The inference process builds its own policy: it must be the kind that was probed.
-        kind = "recurrent" if config.recurrent else "feed-forward"
-        raise ValueError(
-            f"the served policy {'lacks' if config.recurrent else 'has'} initial_state(), "
-            f"but the policy probed at construction was {kind}"
-        )
-    layout = config.layout
-    step = build_action_step(
-        runner,
-        dict(config.observations),
-        dict(config.outputs),
-        capacity=config.capacity,
-        compile_options=config.compile_options,
-        cuda_graph=config.cuda_graph,
-        num_envs=layout.num_workers * layout.envs_per_worker,
-        store_recurrent_state=config.store_recurrent_state,
-        envs_may_repeat=config.restarts,
-    )
-    return InferenceServer(
-        runner,
-        step,
-        end,
-        layout=config.layout,
-        batching=config.batching,
-        output_keys=frozenset(key for key, _ in config.outputs),
-        seed=config.seed,
-    )
+__all__ = ["start_backend"]
 
 
 def start_backend(

@@ -1,7 +1,7 @@
 """The weights board: the policy's weights in shared memory, read by every env worker.
 
 With ``inference_backend="worker"`` each env worker runs its own copy of the policy
-(``inference/local.py``); this board is how the driver's weights reach them. One
+(``inference/in_worker_policy.py``); this board is how the driver's weights reach them. One
 shared-memory segment::
 
     offset 0        header   int64[8]: [0] the version of the weights in the slot
@@ -39,7 +39,7 @@ The protocol (who writes what, in what order, why it is safe):
   unlocked, as the approximate figures they are.
 
 The segment is created and unlinked by the driver; a worker process that finds its
-driver gone unlinks it too (``inference/local.py``), as it does the ring.
+driver gone unlinks it too (``inference/in_worker_policy.py``), as it does the ring.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from rlcollect.errors import InferenceError
-from rlcollect.inference.process import WeightsLayout
+from rlcollect.inference.config import WeightsLayout
 from rlcollect.processes import attach_segment, create_segment, release_mapping, unlink_segment
 
 __all__ = ["LATENCY_BINS", "WeightsBoard"]

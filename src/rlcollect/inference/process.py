@@ -58,12 +58,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
 import torch
 
 from rlcollect.errors import InferenceError, RemoteTraceback
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.inference.server import BatchingConfig, check_weights
+from rlcollect.inference.build import build_server
+from rlcollect.inference.config import InferenceConfig, WeightsLayout
+from rlcollect.inference.server import check_weights
 from rlcollect.processes import (
     attach_segment,
     child_env,
@@ -77,72 +78,13 @@ from rlcollect.processes import (
     wait_exit,
 )
 from rlcollect.transports.base import RequestChannel
-from rlcollect.transports.layout import Field, Key, Path, RingLayout
 
-__all__ = ["InferenceConfig", "ProcessInference", "WeightsLayout"]
+__all__ = ["ProcessInference"]
 
 _CHILD = "from rlcollect.inference.process import _inference_main; _inference_main()"
-_ALIGN = 64
 _STOP_WAIT = 5.0  # seconds for the inference process to exit once told
 _REPLY_WAIT = 10.0  # seconds for an answer to stats / pause
 _WEIGHTS_WAIT = 60.0  # seconds an update may wait for the slot it reuses
-
-
-@dataclass(frozen=True)
-class WeightsLayout:
-    """Where each tensor of the policy's ``state_dict`` lives inside one weights slot."""
-
-    entries: tuple[tuple[str, tuple[int, ...], str, int], ...]  # name, shape, dtype, offset
-    slot_bytes: int
-
-    @staticmethod
-    def of(state: Mapping[str, torch.Tensor]) -> WeightsLayout:
-        entries = []
-        offset = 0
-        for name, tensor in state.items():
-            entries.append((name, tuple(tensor.shape), str(tensor.dtype), offset))
-            size = tensor.numel() * tensor.element_size()
-            offset += -(-size // _ALIGN) * _ALIGN
-        return WeightsLayout(tuple(entries), max(offset, _ALIGN))
-
-    def views(self, buffer: Any, slot: int, *, start: int = 0) -> dict[str, torch.Tensor]:
-        """Tensors over slot ``slot`` of the slots from byte ``start`` of ``buffer`` (no
-        copy)."""
-        out = {}
-        base = start + slot * self.slot_bytes
-        for name, shape, dtype, offset in self.entries:
-            torch_dtype = getattr(torch, dtype.removeprefix("torch."))
-            count = int(np.prod(shape)) if shape else 1
-            if count == 0:
-                out[name] = torch.empty(shape, dtype=torch_dtype)
-                continue
-            flat = torch.frombuffer(buffer, dtype=torch_dtype, count=count, offset=base + offset)
-            out[name] = flat.view(shape)
-        return out
-
-
-@dataclass(frozen=True)
-class InferenceConfig:
-    """Everything the inference process needs to build the same server as the thread
-    backend would."""
-
-    device: str
-    observation_paths: tuple[Path, ...]
-    observations: tuple[tuple[Path, Field], ...]
-    outputs: tuple[tuple[Key, Field], ...]
-    layout: RingLayout
-    batching: BatchingConfig
-    capacity: int
-    compile_options: dict[str, Any] | None
-    cuda_graph: bool
-    weights: WeightsLayout
-    seed: int | None = None  # the policy's random stream (inference/rng.py); None: unseeded
-    stall_timeout: float | None = None  # how long the process may stay stopped (SIGSTOP)
-    #: The probed policy is recurrent (``inference/recurrent.py``): the server holds every
-    #: env's state, and the policy it builds must be recurrent too.
-    recurrent: bool = False
-    store_recurrent_state: bool = True  # the state goes out as ("recurrent_state", ...)
-    restarts: bool = True  # workers may restart: a batch may name an env twice
 
 
 @dataclass(frozen=True)
@@ -427,9 +369,6 @@ def _inference_main() -> None:
     """Entry point of the inference process (see ``_CHILD``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
     import cloudpickle
-
-    # Imported here, not at the top: backend.py imports this module.
-    from rlcollect.inference.backend import build_server
 
     header: _Header
     header, payload = read_handoff()

@@ -125,7 +125,7 @@ class InferenceServer(InferenceBackend):
     Args:
         runner: the policy and its calling convention.
         step: the action step built around ``runner`` by
-            :func:`~rlcollect.inference.step.build_action_step` (host, or device with
+            :func:`~rlcollect.inference.build.build_action_step` (host, or device with
             compile and CUDA graphs), holding at least ``max_batch_size`` rows.
         end: the request side of a started transport (its driver end, or a request end
             handed to another process).

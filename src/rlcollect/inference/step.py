@@ -67,9 +67,9 @@ from rlcollect.inference.recurrent import StateStore
 from rlcollect.inference.rng import DeviceRng, HostRng
 from rlcollect.transports.layout import Field, Key, Path
 
-# The strategies themselves (ActionStep, HostStep, DeviceStep) are the inference
-# server's business; users build one with build_action_step and hand it over.
-__all__ = ["build_action_step"]
+# The strategies (ActionStep, HostStep, DeviceStep) are the inference server's business;
+# users build one with build.py's build_action_step and hand it over.
+__all__ = ["ActionStep", "DeviceStep", "HostStep"]
 
 #: Seconds one call of ``run`` spent copying host→device and device→host (GPU timers).
 StepTimes = tuple[float, float]
@@ -398,7 +398,7 @@ def _register(array: np.ndarray, device: torch.device) -> tuple[torch.Tensor, _A
 
     Why not ``array`` itself: torch takes page-locked host memory for pinned, so a
     caller's ``batch.to("cuda", non_blocking=True)`` from a batch that views the ring
-    (``collector/loans.py``) would return before its DMA had read the rows, and a worker
+    (``collector/batches/loans.py``) would return before its DMA had read the rows, and a worker
     could write them again once the caller dropped the batch. Page-locked only through
     the alias, the ring's own addresses stay pageable: that copy is staged, done when it
     returns. The GPU reads the same pages through the alias."""
@@ -489,125 +489,3 @@ def _clear_last_cuda_error() -> None:
 
 def _torch_dtype(field: Field) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=field.dtype)).dtype
-
-
-def build_action_step(
-    runner: PolicyRunner,
-    observations: Mapping[Path, Field],
-    outputs: Mapping[Key, Field],
-    *,
-    capacity: int,
-    compile_options: Mapping[str, Any] | None = None,
-    cuda_graph: bool = False,
-    num_envs: int | None = None,
-    store_recurrent_state: bool = True,
-    envs_may_repeat: bool = True,
-) -> ActionStep:
-    """The action step an :class:`~rlcollect.inference.server.InferenceServer` runs per
-    batch: gather the observations, run the policy, return its outputs on the host.
-
-    The strategy follows ``runner.device``, chosen once here: on the CPU the policy
-    reads the gathered rows in place; on a CUDA device the batch is gathered on the GPU
-    from the page-locked ring, optionally through ``torch.compile`` and CUDA graphs
-    (each padded batch size compiled or captured here, before any batch is served).
-    The step is opaque: pass it to the server, which owns it from then on.
-
-    Args:
-        runner: the policy and its calling convention.
-        observations: the ring's observation field for each of ``runner.paths``.
-        outputs: the ring's field for each key the policy returns (``("action",)`` and
-            any extra output).
-        capacity: most rows one batch holds (at least the server's ``max_batch_size``).
-        compile_options: ``torch.compile`` keyword arguments, or None for no compile
-            (CUDA only).
-        cuda_graph: capture the step as a CUDA graph per padded batch size (CUDA only).
-        num_envs: envs served, for a recurrent policy (``runner.recurrent``): the step
-            then holds every env's state (``inference/recurrent.py``).
-        store_recurrent_state: a recurrent policy's step returns the state each action
-            was computed from as the output ``("recurrent_state", *path)``.
-        envs_may_repeat: one batch may name an env twice (worker restarts: a stale
-            request of the restarted worker's predecessor), so a recurrent policy's step
-            checks every batch for it.
-
-    Returns:
-        The step, for :class:`~rlcollect.inference.server.InferenceServer`.
-
-    Raises:
-        ValueError: the policy failed while being compiled, captured or warmed up, or
-            ``compile_options`` or ``cuda_graph`` given for a policy off CUDA.
-
-    Examples:
-        A step for a policy on the CPU, over a ring of CountingEnv fields (see
-        :class:`~rlcollect.inference.server.InferenceServer` for one being served):
-
-        >>> import torch
-        >>> from rlcollect.inference import PolicyRunner, build_action_step
-        >>> from rlcollect.testing import counting_layout
-        >>> layout = counting_layout(num_workers=1, envs_per_worker=2, chunk_steps=4, slots=2)
-        >>> fields = {field.key: field for field in layout.fields}
-        >>> runner = PolicyRunner(
-        ...     torch.nn.Identity(), device=torch.device("cpu"), observation_paths=((),)
-        ... )
-        >>> step = build_action_step(
-        ...     runner,
-        ...     {(): fields[("observation",)]},
-        ...     {("action",): fields[("action",)]},
-        ...     capacity=2,
-        ... )
-        >>> step.capacity
-        2
-        >>> build_action_step(runner, {}, {}, capacity=2, cuda_graph=True)
-        Traceback (most recent call last):
-        ...
-        ValueError: compile_options and cuda_graph need a policy on a CUDA device; the ...
-    """
-    if runner.device.type != "cuda":
-        if compile_options is not None or cuda_graph:
-            raise ValueError(
-                f"compile_options and cuda_graph need a policy on a CUDA device; the runner's "
-                f"is {runner.device}"
-            )
-        if runner.initial_state is None:
-            return HostStep(runner, observations, capacity)
-    states = None
-    if runner.initial_state is not None:
-        # Imported here: the recurrent steps build on this module's.
-        from rlcollect.inference.recurrent_step import RecurrentDeviceStep, RecurrentHostStep
-
-        if num_envs is None:
-            raise ValueError("a recurrent policy's action step needs num_envs")
-        rows = capacity if runner.device.type != "cuda" else buckets_for(capacity)[-1]
-        states = StateStore(
-            runner.initial_state,
-            num_envs=num_envs,
-            capacity=rows,
-            store=store_recurrent_state,
-            flags=runner.tensordict_policy,  # only a TensorDictModule may read is_init
-            repeats=envs_may_repeat,
-        )
-        if runner.device.type != "cuda":
-            return RecurrentHostStep(runner, observations, capacity, states)
-    try:
-        if states is not None:
-            return RecurrentDeviceStep(
-                runner,
-                observations,
-                outputs,
-                capacity,
-                states=states,
-                compile_options=compile_options,
-                cuda_graph=cuda_graph,
-            )
-        return DeviceStep(
-            runner,
-            observations,
-            outputs,
-            capacity,
-            compile_options=compile_options,
-            cuda_graph=cuda_graph,
-        )
-    except Exception as exc:
-        what = "capturing the action step as a CUDA graph" if cuda_graph else "warming up"
-        if compile_options is not None:
-            what = "compiling the action step" + (" and capturing it" if cuda_graph else "")
-        raise ValueError(f"the policy failed while {what}: {type(exc).__name__}: {exc}") from exc

@@ -16,11 +16,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from rlcollect.collector.source import Source
-from rlcollect.collector.spec import WorkerSpec, transition_fields
-from rlcollect.collector.worker import run_worker
 from rlcollect.testing.envs import CountingEnv, CountingVectorEnv
 from rlcollect.transports.layout import Field, RingLayout, Staging
+from rlcollect.worker.loop import run_worker
+from rlcollect.worker.source import Source
+from rlcollect.worker.spec import WorkerSpec, transition_fields
 
 __all__ = ["counting_layout", "counting_programs"]
 

@@ -378,13 +378,13 @@ class Transport(ABC):
     supports_request_channel: ClassVar[bool] = False
     #: Whether :meth:`WorkerEnd.wait_slot` returns the slot given back: the collector
     #: then hands some batches out as views of their ring slot, which come back in the
-    #: order the caller lets go of them (``collector/loans.py``).
+    #: order the caller lets go of them (``collector/batches/loans.py``).
     names_slots: ClassVar[bool] = False
     #: The most places of a pooled ring (``RingLayout.pooled``) the transport serves: it
     #: gives each worker ``RingLayout.worker_buffers`` and ``RingLayout.first_credits``,
     #: and its credits name any of ``RingLayout.places`` (with ``names_slots``). 0: no
     #: pooled rings; the collector then never asks for one, nor for one of more places
-    #: than this (``num_workers`` times ``loans.POOL_BLOCKS``: ``collector/loans.py``).
+    #: than this (``num_workers`` times ``loans.POOL_BLOCKS``: ``collector/batches/loans.py``).
     pool_places: ClassVar[int] = 0
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:

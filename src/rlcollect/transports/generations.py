@@ -25,7 +25,7 @@ the new worker's observation, so the answer written last is a right one.)
 The rest of a restart is told where it is implemented: what any transport must do in
 ``Transport.restart_worker`` (``base.py``), the pipes and processes in
 ``process_slots.py``, the chunk marker in ``thread_queue.py``, and how the collector
-keeps every env's stream whole in ``collector/restarts.py``.
+keeps every env's stream whole in ``collector/batches/restarts.py``.
 """
 
 from __future__ import annotations

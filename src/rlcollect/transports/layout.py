@@ -15,7 +15,7 @@ Every ``num_workers`` consecutive places are one contiguous *block*
 (:meth:`RingLayout.block`) of ``chunk_steps * num_workers * envs_per_worker`` rows:
 where that is a whole batch, the batch can view the ring instead of copying it, and
 the places of a block go to whichever workers ask for them first, so no worker waits
-for another (``collector/pool_batches.py``). A worker's buffers are then the whole ring
+for another (``collector/batches/pooled.py``). A worker's buffers are then the whole ring
 (:meth:`RingLayout.worker_buffers`); its progress record stays its own.
 
 Requests (what the inference server reads observations from and writes actions into)
@@ -79,7 +79,7 @@ STAGED = "staged"
 
 #: Key of the workers' progress records, ``[num_workers, PROGRESS_WIDTH]`` int64: what
 #: each worker is doing and since when, written by the worker and read by the driver to
-#: tell a stalled env from a slow one (``stall_timeout``; ``collector/stall.py`` keeps
+#: tell a stalled env from a slow one (``stall_timeout``; ``collector/batches/stall.py`` keeps
 #: the record's protocol). Every ring has it, beside the transition fields.
 PROGRESS: Key = ("progress",)
 PROGRESS_WIDTH = 4

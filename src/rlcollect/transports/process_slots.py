@@ -44,7 +44,7 @@ The ring protocol (who writes what, in what order, why it is safe):
   the new one) into a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not
   touch the slot again until it has read a credit from ``credits[i]`` naming it, which
   the driver writes after it has copied the slot out (or, for a batch lent to the
-  caller, once the caller let go of it: ``collector/loans.py``). A credit is the slot's
+  caller, once the caller let go of it: ``collector/batches/loans.py``). A credit is the slot's
   number in two bytes (``process_server.CREDIT``), and the driver writes whole credits
   in one write of at most ``PIPE_BUF`` bytes, which a pipe never splits, so the worker
   never reads half of one. ``credits[i]`` starts with one credit per slot, 0 up, and
@@ -53,7 +53,7 @@ The ring protocol (who writes what, in what order, why it is safe):
   In a pooled ring (``RingLayout.pooled``) a credit names a place of the whole ring
   instead (up to 65,536 places), which the worker maps whole: it starts with
   ``RingLayout.first_credits(i)``, and the driver gives each place to one worker at a
-  time, once the place is copied out or let go of (``collector/pool_batches.py``), so
+  time, once the place is copied out or let go of (``collector/batches/pooled.py``), so
   the same rule holds: nobody else writes a place between a worker's credit for it and
   its ``(i, place)`` message, and the driver reads it only after that message.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and

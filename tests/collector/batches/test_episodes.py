@@ -1,5 +1,5 @@
 """Every transition's ("next", "episode_return" | "episode_length"), and stats()["episodes"]
-(collector/episodes.py), for plain and vector envs, off- and on-policy, both transports."""
+(collector/batches/episodes.py), for plain and vector envs, off- and on-policy, both transports."""
 
 import functools
 
@@ -10,7 +10,7 @@ from helpers import CountingPolicy, check_counting_streams, check_episode_figure
 from tensordict import TensorDict
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.episodes import EpisodeStats
+from rlcollect.collector.batches.episodes import EpisodeStats
 from rlcollect.testing import CountingEnv, CountingVectorEnv, episode_length
 
 SOURCES = {

@@ -3,7 +3,7 @@
 A worker's progress record (the ring's :data:`~rlcollect.transports.layout.PROGRESS`
 array, one row per worker, int64) says what the worker is doing::
 
-    worker (Progress)                          record       driver (StallWatch, every 0.25 s)
+    worker (worker/progress.py)                record       driver (StallWatch, every 0.25 s)
     before an env call: ENV, STAGE, then SINCE ─▶ ┌───────┐
     after it:           SINCE = 0 ─────────────▶ │ SINCE │ ─▶ the same SINCE != 0 seen for
     at start:           PID = os.getpid() ─────▶ │ STAGE │    > stall_timeout: the env is
@@ -32,52 +32,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
 
 from rlcollect.errors import WorkerError
 from rlcollect.processes import process_stopped
+from rlcollect.worker.progress import ENV, PID, SINCE, STAGE, Stage
 
-__all__ = ["Progress", "Stage", "Stall", "StallWatch"]
-
-# Columns of a progress record.
-SINCE, STAGE, ENV, PID = range(4)
+__all__ = ["Stall", "StallWatch"]
 
 _LOOK_EVERY = 0.25  # seconds between the driver's looks: a stall is found within this
-
-
-class Stage(IntEnum):
-    """What an env call is doing."""
-
-    CONSTRUCTION = 1
-    RESET = 2
-    STEP = 3
-
-
-class Progress:
-    """The worker's side: marks the start and end of every env call.
-
-    ``record`` is the worker's row of the progress array (``[PROGRESS_WIDTH]``). It is
-    written through a memoryview: this runs around every env step, and a memoryview's
-    item assignment costs a third of numpy's.
-    """
-
-    __slots__ = ("_record",)
-
-    def __init__(self, record: np.ndarray) -> None:
-        self._record = memoryview(record.data)
-        self._record[SINCE] = 0
-        self._record[PID] = os.getpid()
-
-    def enter(self, stage: Stage, env: int) -> None:
-        record = self._record
-        record[ENV] = env
-        record[STAGE] = stage
-        record[SINCE] = time.monotonic_ns()
-
-    def leave(self) -> None:
-        self._record[SINCE] = 0
 
 
 @dataclass(frozen=True)

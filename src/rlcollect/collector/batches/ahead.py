@@ -15,7 +15,7 @@ envs wait while the learner learns and every batch reflects every update made be
 it was asked for. With it, batch ``k+1`` is acted by the weights before the update on
 batch ``k``: a lag of exactly one update from the second batch on, never more, since a
 round starts only when the batch before it is handed out. The round's own rules hold
-(``rollouts.py``): one weights version per batch, updates land between rounds.
+(``rounds.py``): one weights version per batch, updates land between rounds.
 
 The helper is started only while the budget has batches left (``exhausted``), so it
 never asks past the last batch: the collector stays up after handing it out, and the

@@ -3,7 +3,7 @@
 This module imports numpy and nothing of torch: it runs inside worker processes, which
 start in a fraction of a second because of that. :func:`run_worker` builds the
 worker's envs, checks each against what the collector expects, and runs one of two
-loops: the vector-env loop (``vector_worker.py``) or the loop below, for envs stepped
+loops: the vector-env loop (``vector_loop.py``) or the loop below, for envs stepped
 one by one.
 
 The worker's envs split into ``groups`` groups of equal size. Each group has a request
@@ -18,7 +18,7 @@ round of the loop visits the groups in order, at ring position ``p``::
              the first group first takes the next slot (backpressure): the one the
              transport gives back where it names it (``names_slots``; a batch lent to
              the caller gives its slots back whenever the caller lets go of it:
-             ``collector/loans.py``), else the next in turn
+             ``collector/batches/loans.py``), else the next in turn
     write    group g's current observations at p + 1, then request them
 
 Requests are numbered ``q = p * groups + g`` (the ring's in-place request layout), and
@@ -30,7 +30,7 @@ why double buffering needs two slots.
 Every transition also carries the episode's running return and length (this step
 included), and the ``info`` entries named by ``info_keys`` (``infos.py``).
 
-On-policy (``spec.on_policy``, ``collector/rollouts.py``): one slot of ``chunk_steps``
+On-policy (``spec.on_policy``, ``collector/batches/rounds.py``): one slot of ``chunk_steps``
 steps is one round, and a round starts only on the consumer's go-ahead (a credit,
 taken with ``wait_slot``), which it gives when the next batch is asked for. So at a
 round's last position the boundary is reordered: every group steps first, then the
@@ -48,14 +48,14 @@ from typing import Any
 
 import numpy as np
 
-from rlcollect.collector.infos import InfoWriter
-from rlcollect.collector.source import Source, describe
-from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, observation_key
-from rlcollect.collector.stall import Progress, Stage
-from rlcollect.collector.vector_worker import vector_loop
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
 from rlcollect.transports.layout import PROGRESS
+from rlcollect.worker.infos import InfoWriter
+from rlcollect.worker.progress import Progress, Stage
+from rlcollect.worker.source import Source, describe
+from rlcollect.worker.spec import IS_INIT, Path, WorkerSpec, observation_key
+from rlcollect.worker.vector_loop import vector_loop
 
 __all__ = ["run_worker"]
 

@@ -1,4 +1,4 @@
-"""On-policy rollouts (``on_policy=True``, collector/rollouts.py): the contract of
+"""On-policy rollouts (``on_policy=True``, collector/batches/rounds.py): the contract of
 DESIGN.md §1.1 on every transport, inference backend and kind of env source.
 
 Each batch is [num_envs, T], row e is env e's next T steps in order, and every row of

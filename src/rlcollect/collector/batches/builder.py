@@ -1,7 +1,7 @@
 """What the chunk loop fills: batches built out of the ring's chunks, handed out in order.
 
-Two builders share it: ``batches.py`` (batches of exactly ``frames_per_batch`` rows)
-and ``rollouts.py`` (on-policy ``[num_envs, T]`` rounds). ``chunks.py`` drives either
+Two builders share it: ``copied.py`` (batches of exactly ``frames_per_batch`` rows)
+and ``rounds.py`` (on-policy ``[num_envs, T]`` rounds). ``loop.py`` drives either
 through this interface alone: a chunk in (:meth:`ChunkBuilder.add_chunk`), finished
 batches out (:attr:`ChunkBuilder.ready`, :meth:`ChunkBuilder.pop`) until the budget is
 spent (:attr:`ChunkBuilder.exhausted`), and the slots lent to batches back
@@ -10,7 +10,7 @@ spent (:attr:`ChunkBuilder.exhausted`), and the slots lent to batches back
 Each batch gets tensors of its own, allocated when the previous one is handed out: the
 caller keeps a batch as long as it likes, and the ring's rows are copied once, straight
 into them. Their memory is reused once the caller has let go of an earlier batch
-(``batch_memory.py``).
+(``memory.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.batch_memory import BatchMemory
+from rlcollect.collector.batches.memory import BatchMemory
 from rlcollect.transports.layout import Field, Key, RingLayout
 
 __all__ = ["ChunkBuilder"]
@@ -62,7 +62,7 @@ class ChunkBuilder(abc.ABC):
         pairs copied out of the ring by now (their slots may be reused). A chunk not
         among them was lent to a batch (``loans.py``: :meth:`returned` says when its
         slot may be reused). A pooled ring's pairs are the places given out next, to
-        whichever workers (``pool_batches.py``)."""
+        whichever workers (``pooled.py``)."""
 
     @property
     def lent(self) -> int:
@@ -72,7 +72,7 @@ class ChunkBuilder(abc.ABC):
     @property
     def place_wait_seconds(self) -> float:
         """Seconds workers have had no place of a pooled ring to write, summed over the
-        workers, as the driver sees it (``pool_batches.py``); 0 for other rings."""
+        workers, as the driver sees it (``pooled.py``); 0 for other rings."""
         return 0.0
 
     def returned(self) -> list[tuple[int, int]]:

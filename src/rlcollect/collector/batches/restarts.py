@@ -33,11 +33,11 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from rlcollect.collector.batches import BatchBuilder
-from rlcollect.collector.spec import WorkerSpec
+from rlcollect.collector.batches.copied import BatchBuilder
 from rlcollect.errors import WorkerError, WorkerRestartWarning
 from rlcollect.transports.base import Transport, WorkerProgram
 from rlcollect.transports.layout import Key, RingLayout
+from rlcollect.worker.spec import WorkerSpec
 
 __all__ = ["RESTART_SLOTS", "WorkerRestarts"]
 

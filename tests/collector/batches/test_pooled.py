@@ -1,4 +1,4 @@
-"""Blocks of a pooled ring as batches (collector/pool_batches.py): envs stepped one by
+"""Blocks of a pooled ring as batches (collector/batches/pooled.py): envs stepped one by
 one, any worker writing whichever place of the ring it is given, a block of places the
 batch, viewing the ring where the loans allow.
 
@@ -30,9 +30,9 @@ from helpers import (
 )
 
 from rlcollect import AsyncBatchedCollector, WorkerError
-from rlcollect.collector import pool_batches
-from rlcollect.collector.loans import POOL_BLOCKS
-from rlcollect.collector.pool_batches import PoolBatchBuilder
+from rlcollect.collector.batches import pooled
+from rlcollect.collector.batches.loans import POOL_BLOCKS
+from rlcollect.collector.batches.pooled import PoolBatchBuilder
 from rlcollect.errors import CollectorError
 from rlcollect.testing import counting_layout
 
@@ -127,7 +127,7 @@ def test_the_time_a_worker_has_no_place_to_write_is_counted(monkeypatch):
     """A worker that has handed over both its places waits until it is given one: from
     its second hand-over to that moment, by the builder's clock."""
     clock = [0.0]
-    monkeypatch.setattr(pool_batches, "_now", lambda: clock[0])
+    monkeypatch.setattr(pooled, "_now", lambda: clock[0])
     b, _ = builder()
     assert b.add_chunk(0, 0) == [(0, 4)] and b.add_chunk(1, 1) == [(1, 5)]  # block 0 lent
     assert b.add_chunk(0, 2) == [(0, 6)] and b.add_chunk(1, 3) == [(1, 7)]  # block 1 lent

@@ -11,7 +11,7 @@ forwards run in parallel, one per core::
     worker process w (torch, one thread)             driver process
     ┌──────────────────────────────────────┐        ┌──────────────────────────────┐
     │ writes obs of group g at position p   │        │ update_policy_weights_:       │
-    │ request(q): LocalEnd serves it here:  │        │  WeightsBoard.publish ────┐   │
+    │ request(q): InWorkerEnd serves it here:  │        │  WeightsBoard.publish ────┐   │
     │   refresh weights from the board ◀────┼────────┼───────────────────────────┘   │
     │   policy(obs[p, group]) → action,     │        │                              │
     │   outputs, version written at p       │        │ consuming thread:             │
@@ -19,8 +19,8 @@ forwards run in parallel, one per core::
     │ hand_over ────────────────────────────┼───────▶│                              │
     └──────────────────────────────────────┘        └──────────────────────────────┘
 
-:class:`LocalEnd` wraps the transport's worker end, so the worker loop
-(``collector/worker.py``) runs unchanged: its ``request`` computes the actions, its
+:class:`InWorkerEnd` wraps the transport's worker end, so the worker loop
+(``worker/loop.py``) runs unchanged: its ``request`` computes the actions, its
 ``wait_response`` has nothing to wait for. The ring, its chunks, backpressure,
 restarts and stall detection are the transport's and the collector's as with any
 backend. Weights travel through a :class:`~rlcollect.inference.board.WeightsBoard`;
@@ -44,31 +44,37 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import cloudpickle
 import numpy as np
 import torch
 
-from rlcollect.collector.spec import WorkerSpec
-from rlcollect.collector.worker import run_worker
-from rlcollect.errors import ChannelClosed, WorkerFailure
+from rlcollect.errors import ChannelClosed, InferenceError, WorkerFailure
+from rlcollect.inference.base import InferenceBackend
 from rlcollect.inference.board import WeightsBoard
+from rlcollect.inference.build import build_action_step
+from rlcollect.inference.config import InferenceConfig
 from rlcollect.inference.policy import PolicyRunner
-from rlcollect.inference.process import InferenceConfig
 from rlcollect.inference.rng import PolicyRng, policy_rng
-from rlcollect.inference.server import check_output, scatter_outputs
-from rlcollect.inference.step import ActionStep, build_action_step
+from rlcollect.inference.server import check_output, check_weights, scatter_outputs
+from rlcollect.inference.step import ActionStep
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
 from rlcollect.transports.layout import STAGED, Key, request_rows
+from rlcollect.worker.loop import run_worker
+from rlcollect.worker.spec import WorkerSpec
 
-__all__ = ["LocalEnd", "LocalPolicy", "run_local_worker"]
+__all__ = ["InWorkerBackend", "InWorkerEnd", "InWorkerPolicy", "run_worker_with_policy"]
 
+_PUBLISH_WAIT = 10.0  # seconds a worker may hold the board (copying weights) before an error
 _BOARD_WAIT = 60.0  # seconds a worker may wait for the driver to finish publishing
 
 
 @dataclass(frozen=True)
-class LocalPolicy:
+class InWorkerPolicy:
     """What a worker needs to run the policy itself; pickled into worker processes
     (``payload`` is the policy or its factory, already cloudpickled: no torch object)."""
 
@@ -79,7 +85,7 @@ class LocalPolicy:
     driver_pid: int
 
 
-def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> None:
+def run_worker_with_policy(end: WorkerEnd, spec: WorkerSpec, policy: InWorkerPolicy) -> None:
     """A worker program: the collector's worker loop, its requests served in place."""
     import cloudpickle
 
@@ -93,7 +99,7 @@ def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> N
         raise ChannelClosed("the driver closed the collector before this worker started") from exc
     try:
         own_process = policy.driver_pid != os.getpid()
-        local = LocalEnd(end, spec, config, module, board, own_process=own_process)
+        local = InWorkerEnd(end, spec, config, module, board, own_process=own_process)
         try:
             # Inference mode is per thread, and this thread only ever acts: entered once,
             # it spares every forward its context and its ops their autograd bookkeeping.
@@ -109,7 +115,7 @@ def run_local_worker(end: WorkerEnd, spec: WorkerSpec, policy: LocalPolicy) -> N
         board.close(unlink=False)
 
 
-class LocalEnd(WorkerEnd):
+class InWorkerEnd(WorkerEnd):
     """A worker end whose requests are answered in the worker, by its own policy copy.
 
     A CPU policy on in-place requests reads its group's ring cells where they are (the
@@ -271,3 +277,104 @@ class LocalEnd(WorkerEnd):
 def _stream(seed: int, worker: int) -> int:
     """Worker ``worker``'s seed: distinct per worker, the same in every run."""
     return (seed * 1_000_003 + worker) % (2**63)
+
+
+# ---------------------------------------------------------------- the driver's side
+
+
+class InWorkerBackend(InferenceBackend):
+    """The policy in every env worker (``inference_backend="worker"``).
+
+    Args:
+        config: the ring and policy outputs the workers serve.
+        policy: a cloudpickle-able policy (``policy_is_factory=False``) or a
+            zero-argument callable building it in each worker.
+        policy_is_factory: which of the two ``policy`` is.
+        initial: the weights every worker starts from (version 0): the driver's copy,
+            so that workers building their policy from a factory still agree.
+
+    Built before the workers start: :meth:`local_policy` is what each worker is handed.
+    """
+
+    def __init__(
+        self,
+        config: InferenceConfig,
+        policy: Any,
+        *,
+        policy_is_factory: bool,
+        initial: Mapping[str, torch.Tensor],
+    ) -> None:
+        self._config = config
+        self._payload = cloudpickle.dumps(policy)
+        self._is_factory = policy_is_factory
+        self._version = 0
+        self._board: WeightsBoard | None = WeightsBoard.create(
+            config.weights, config.layout.num_workers, initial
+        )
+        self._last_stats: dict[str, Any] = {}
+        self.shm_name = self._board.name  # the board's segment (unlinked by stop())
+
+    def local_policy(self) -> InWorkerPolicy:
+        """What a worker builds its policy and finds the board from."""
+        assert self._board is not None
+        return InWorkerPolicy(
+            config=self._config,
+            payload=self._payload,
+            is_factory=self._is_factory,
+            board=self._board.name,
+            driver_pid=os.getpid(),
+        )
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def error(self) -> InferenceError | None:
+        """Always None: a policy that fails, fails its worker."""
+        return None
+
+    def start(self) -> None:
+        """Nothing to start: every worker builds its policy when it starts."""
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        if self._board is None:
+            raise InferenceError("the collector's weights board is closed")
+        layout = self._config.weights
+        check_weights(state_dict, {name: shape for name, shape, _, _ in layout.entries})
+        version = self._version + 1
+        self._board.publish(state_dict, version, _PUBLISH_WAIT)
+        self._version = version
+        return version
+
+    def pause(self, timeout: float) -> None:
+        """Nothing to hold here: the workers' forwards stop once the ring is full, and
+        weights change only when the caller updates them."""
+
+    def resume(self) -> None:
+        """See :meth:`pause`."""
+
+    def stop(self) -> None:
+        if self._board is not None:
+            self._last_stats = self.stats()  # the final figures outlive the board
+            self._board.close(unlink=True)
+            self._board = None
+
+    def stats(self) -> dict[str, Any]:
+        """Forwards (``batches``), rows, mean rows per forward, time in the forwards and
+        the p50/p95 of a request's time in its worker (to the microsecond)."""
+        if self._board is None:
+            return dict(self._last_stats)
+        s = self._board.summary()
+        layout = self._config.layout
+        width = layout.request_columns  # rows of every forward
+        return {
+            "batches": s["forwards"],
+            "rows": s["rows"],
+            "mean_batch_size": s["rows"] / s["forwards"] if s["forwards"] else 0.0,
+            "batch_sizes": {width: s["forwards"]} if s["forwards"] else {},
+            "phase_seconds": {"forward": s["seconds"]},
+            "request_latency_p50": s["p50"],
+            "request_latency_p95": s["p95"],
+            "gathers_on_device": False,
+        }

@@ -1,7 +1,7 @@
 """What a worker is given: its spec, and the ring fields every transition has.
 
-Shared by the worker loops (``worker.py`` for envs stepped one by one,
-``vector_worker.py`` for vector envs) and the collector that builds the ring. Imports
+Shared by the worker loops (``loop.py`` for envs stepped one by one,
+``vector_loop.py`` for vector envs) and the collector that builds the ring. Imports
 no torch: worker processes unpickle a :class:`WorkerSpec`.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from rlcollect.collector.source import Source
 from rlcollect.transports.layout import Field, Key, Path
+from rlcollect.worker.source import Source
 
 __all__ = ["IS_INIT", "Path", "WorkerSpec", "info_key", "observation_key", "transition_fields"]
 

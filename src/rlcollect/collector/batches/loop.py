@@ -21,10 +21,10 @@ A worker's failure arrives from ``wait_chunks`` as a ``WorkerError`` after every
 it handed over (the transport's contract); with ``max_worker_restarts`` it is handled
 here (``restarts.py``), otherwise raised.
 
-The loop sees its builder only as a :class:`~rlcollect.collector.builder.ChunkBuilder`:
-a :class:`~rlcollect.collector.batches.BatchBuilder`, or on-policy (``rollouts.py``) a
-:class:`~rlcollect.collector.rollouts.RolloutBuilder`, where a
-:class:`~rlcollect.collector.rollouts.RoundGate` decides when slots go back: a
+The loop sees its builder only as a :class:`~rlcollect.collector.batches.builder.ChunkBuilder`:
+a :class:`~rlcollect.collector.batches.copied.BatchBuilder`, or on-policy (``rounds.py``) a
+:class:`~rlcollect.collector.batches.rounds.RolloutBuilder`, where a
+:class:`~rlcollect.collector.batches.rounds.RoundGate` decides when slots go back: a
 batch's round starts when the batch is asked for, and the copied slots are held until
 the next one is. Inside a round only shutdown is checked, never a pause: an update
 waits for the round's end, and a pause held inside it would wait for that update.
@@ -40,17 +40,17 @@ from collections.abc import Callable
 
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import POLL, Background, Throttle
-from rlcollect.collector.batches import BatchBuilder
-from rlcollect.collector.builder import ChunkBuilder
-from rlcollect.collector.episodes import EpisodeStats
+from rlcollect.collector.batches.builder import ChunkBuilder
+from rlcollect.collector.batches.copied import BatchBuilder
+from rlcollect.collector.batches.episodes import EpisodeStats
+from rlcollect.collector.batches.pooled import PoolBatchBuilder
+from rlcollect.collector.batches.restarts import WorkerRestarts
+from rlcollect.collector.batches.rounds import RolloutBuilder, RoundGate
+from rlcollect.collector.batches.stall import StallWatch
 from rlcollect.collector.plan import Plan, program
-from rlcollect.collector.pool_batches import PoolBatchBuilder
-from rlcollect.collector.restarts import WorkerRestarts
-from rlcollect.collector.rollouts import RolloutBuilder, RoundGate
-from rlcollect.collector.stall import StallWatch
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.inference.local import LocalPolicy
+from rlcollect.inference.in_worker_policy import InWorkerPolicy
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import ServerEnd, Transport
 from rlcollect.transports.layout import PROGRESS
@@ -93,7 +93,7 @@ class ChunkLoop:
         end: ServerEnd,
         server: InferenceBackend,
         background: Background,
-        local: LocalPolicy | None = None,
+        local: InWorkerPolicy | None = None,
     ) -> ChunkLoop:
         """The loop for ``plan``'s ring, started as ``end``, served by ``server`` (or by
         the workers themselves, as ``local`` says)."""
@@ -140,13 +140,13 @@ class ChunkLoop:
 
     @property
     def place_wait_seconds(self) -> float:
-        """Seconds workers had no place of a pooled ring to write (``pool_batches.py``)."""
+        """Seconds workers had no place of a pooled ring to write (``pooled.py``)."""
         return self._builder.place_wait_seconds
 
     @property
     def batch_memory_reuses(self) -> int:
         """Batches built in the memory of an earlier batch already let go
-        (``batch_memory.py``)."""
+        (``memory.py``)."""
         return self._builder.memory.reused
 
     @property

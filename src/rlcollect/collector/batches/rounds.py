@@ -20,7 +20,7 @@ the gating, with the credits it already has:
   given back (that credit would start the next round): :meth:`RoundGate.hold` keeps
   it for the next ``open``. The worker loops reorder the round's boundary so that no
   group waits for that credit before the last group has stepped and the slot is
-  handed over (``worker.py``, ``vector_worker.py``).
+  handed over (``worker/loop.py``, ``worker/vector_loop.py``).
 * An update made while a round runs (only possible from another thread, e.g. with
   ``start()``) waits for the round's end (:meth:`RoundGate.between_rounds`), so it
   lands between two batches and never splits one.
@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
-from rlcollect.collector.builder import ChunkBuilder
+from rlcollect.collector.batches.builder import ChunkBuilder
 from rlcollect.errors import CollectorError
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.transports.base import ServerEnd

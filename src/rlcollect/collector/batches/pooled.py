@@ -68,8 +68,8 @@ from collections import deque
 import numpy as np
 import torch
 
-from rlcollect.collector.batches import BatchBuilder
-from rlcollect.collector.loans import Lending, RingLoans
+from rlcollect.collector.batches.copied import BatchBuilder
+from rlcollect.collector.batches.loans import Lending, RingLoans
 from rlcollect.errors import CollectorError
 from rlcollect.transports.layout import RingLayout
 

@@ -11,9 +11,9 @@ Two kinds of batch lie whole in the ring (:func:`lending` says which a collector
   ``frames_per_batch // num_envs`` steps where that is at most 64). The ring is then
   pooled (``transports/layout.py``): any worker writes any place, and every
   ``num_workers`` consecutive places are one contiguous block, a batch;
-  ``pool_batches.py`` says who gets which place.
+  ``pooled.py`` says who gets which place.
 
-Copying a batch out (``batches.py``) costs the consuming thread about 0.01 ms of CPU per
+Copying a batch out (``copied.py``) costs the consuming thread about 0.01 ms of CPU per
 Pong frame (67 KB) on the H200 (0.02-0.04 ms on 2 cores), which on a machine whose cores
 all step envs is taken from the envs. So the batch's tensors view the ring itself, and
 its slots go back to their workers only once the caller lets go of the batch (a chunk's
@@ -35,7 +35,7 @@ referenced only by their tensors' storages (``torch.from_numpy`` holds its array
 the storage is freed), and everything that can read the batch holds such a storage (a
 tensor and its views, a TensorDict, ``tensor.numpy()``, whose base is the tensor). The
 worker writes slot ``s`` again only after ``release(w, s)``, which follows the death of
-the last of them: the same rule as ``batch_memory.py``. A batch caught in a reference
+the last of them: the same rule as ``memory.py``. A batch caught in a reference
 cycle keeps its slot until the garbage collector frees it.
 
 Why the worker never stalls on a caller who keeps batches: at most ``slots - 2`` slots
@@ -59,7 +59,7 @@ two, and those are lent too; the workers are short of places only while that las
 
 Why a caller's batch survives ``close()``: the transport gives the ring's memory back at
 once (``processes.release_mapping``) unless a lent batch is still alive (:meth:`alive`,
-registered with ``processes.lend_pages`` by ``batches.py``); then the pages go when
+registered with ``processes.lend_pages`` by ``copied.py``); then the pages go when
 the last view does.
 """
 

@@ -60,7 +60,7 @@ Autoreset, by the vector env's mode:
 Each transition also carries its episode's running return and length and the
 ``info_keys`` entries (``infos.py``: masks, and ``final_info`` under ``SameStep``).
 
-On-policy (``spec.on_policy``, ``collector/rollouts.py``), allowed for vector envs
+On-policy (``spec.on_policy``, ``collector/batches/rounds.py``), allowed for vector envs
 stepped whole with ``SameStep`` or ``Disabled`` autoreset (every step then finishes one
 transition of every sub-env, so a round of ``chunk_steps`` steps fills the one slot
 with ``chunk_steps`` transitions of each): the result that finishes a vector env's
@@ -79,12 +79,12 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from rlcollect.collector.infos import NUMERIC_KINDS, vector_entry
-from rlcollect.collector.spec import IS_INIT, Path, WorkerSpec, info_key, observation_key
-from rlcollect.collector.stall import Progress, Stage
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd
 from rlcollect.transports.layout import PROGRESS, STAGED, Key
+from rlcollect.worker.infos import NUMERIC_KINDS, vector_entry
+from rlcollect.worker.progress import Progress, Stage
+from rlcollect.worker.spec import IS_INIT, Path, WorkerSpec, info_key, observation_key
 
 __all__ = ["vector_loop"]
 
@@ -94,7 +94,7 @@ _Result = tuple[np.ndarray, Any, np.ndarray, np.ndarray, np.ndarray, dict[str, A
 class _Rows:
     """Hands out the chunk's rows in order; hands a full slot over, takes the next: the
     one the transport gives back, where it names it (a slot lent to the caller as a
-    batch comes back whenever the caller lets go of it: ``collector/loans.py``), else
+    batch comes back whenever the caller lets go of it: ``collector/batches/loans.py``), else
     the next in turn."""
 
     def __init__(self, end: WorkerEnd, rows_per_slot: int, slots: int) -> None:
@@ -247,7 +247,7 @@ def _leaf(obs: Any, path: Path) -> Any:
 
 def vector_loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress) -> None:
     """Run the vector-env loop until the transport closes; ``progress`` marks each call
-    into a vector env (``stall.py``)."""
+    into a vector env (``collector/batches/stall.py``)."""
     # Raised only where its own env's sub-envs step while it works (send/recv): stepped
     # whole, they wait for it, and a raised thread would only outrank other programs.
     raise_priority = end.answers_in_request and spec.source.asynchronous

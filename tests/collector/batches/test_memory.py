@@ -1,4 +1,4 @@
-"""Batch memory is reused only once nothing can reach it (collector/batch_memory.py)."""
+"""Batch memory is reused only once nothing can reach it (collector/batches/memory.py)."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import torch
 from helpers import counting_collector
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.batch_memory import KEEP, BatchMemory
+from rlcollect.collector.batches.memory import KEEP, BatchMemory
 from rlcollect.transports.layout import Field
 
 FIELDS = (

@@ -1,11 +1,11 @@
-"""Ring batches (collector/loans.py): a batch goes out as a view of the ring, and its
+"""Ring batches (collector/batches/loans.py): a batch goes out as a view of the ring, and its
 slots go back to their workers once the caller lets go of it.
 
 One vector env per worker whose chunk is ``frames_per_batch`` rows (the default chunk
 size gives that); CountingEnvs tell each row's env, episode and step, so a slot written
 while a caller still held it shows as a changed batch or a broken stream. A block of a
 pooled ring lent as one batch (envs stepped one by one) is tested in
-``test_pool_batches.py``.
+``test_pooled.py``.
 """
 
 import functools
@@ -18,7 +18,7 @@ from envs import counting_vector
 from helpers import CountingPolicy, check_counting_streams, hold_first_batch
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.loans import POOL_BLOCKS, RingLoans, lending
+from rlcollect.collector.batches.loans import POOL_BLOCKS, RingLoans, lending
 from rlcollect.collector.plan import plan_collection
 from rlcollect.testing import CountingEnv, CountingVectorEnv
 from rlcollect.transports import ThreadQueueTransport

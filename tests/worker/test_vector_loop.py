@@ -15,13 +15,13 @@ import sys
 
 import pytest
 
-from rlcollect.collector.vector_worker import DRIVER_NICE
+from rlcollect.worker.vector_loop import DRIVER_NICE
 
 # A worker process: SCHED_BATCH, as process_slots starts it; then what vector_loop does
 # first. Prints the thread's niceness and scheduling policy afterwards.
 WORKER = """
 import os, threading
-from rlcollect.collector.vector_worker import _schedule_as_the_envs_driver
+from rlcollect.worker.vector_loop import _schedule_as_the_envs_driver
 os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 _schedule_as_the_envs_driver(raise_priority={raise_priority})
 me = threading.get_native_id()

@@ -10,7 +10,7 @@ no duplicate.
 Where a chunk is a whole batch and the plan lends it (``"chunk"``, ``loans.py``), no row
 is copied: the batch views the chunk's slot, which goes back to its worker once the
 caller lets go of the batch. Where a block of a pooled ring is a batch (``"pool"``),
-``pool_batches.py`` builds them.
+``pooled.py`` builds them.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from rlcollect.collector.builder import ChunkBuilder
-from rlcollect.collector.loans import Lending, RingLoans, ring_mapping
+from rlcollect.collector.batches.builder import ChunkBuilder
+from rlcollect.collector.batches.loans import Lending, RingLoans, ring_mapping
 from rlcollect.processes import lend_pages
 from rlcollect.transports.layout import Key, RingLayout
 
