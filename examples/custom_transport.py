@@ -26,7 +26,7 @@ The shared-memory protocol (who writes what, in what order, why it is safe):
   orders like a lock release and acquire: the server sees every byte written before
   the message. The server writes the actions at ``p``, then sends "go"; the worker
   reads them after receiving it. A worker's outstanding requests (at most
-  ``layout.groups``) name cells no other one names, so no one else touches those cells
+  ``layout.splits``) name cells no other one names, so no one else touches those cells
   meanwhile.
 * A worker fills a whole slot, sends ``("chunk", slot)`` on ``chunks`` and does not
   touch that slot again until it receives a "go" on ``chunks``, which the driver sends

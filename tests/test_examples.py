@@ -789,7 +789,7 @@ def test_worker_faults_experiment():
     # places they had not written before (about 86,000 in 5 batches without it).
     out = run("benchmarks/experiments/worker_faults.py", "--batches", "5")
     pooled, plain = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
-    assert pooled["ring_batches"] >= 5 and plain["ring_batches"] == 0
+    assert pooled["lent_batches"] >= 5 and plain["lent_batches"] == 0
     assert pooled["worker_faults_after_batch"][-1][1] < 1000, pooled
 
 

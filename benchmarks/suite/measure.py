@@ -90,8 +90,8 @@ def measure_collector(
         stats = held[0].stats()
         server = stats.get("server", {})
         # batches handed out as views of their ring slot (collector/batches/loans.py)
-        result["ring_batches"] = stats.get("ring_batches")
-        result["place_wait_seconds"] = stats.get("place_wait_seconds")
+        result["lent_batches"] = stats.get("lent_batches")
+        result["slot_wait_seconds"] = stats.get("slot_wait_seconds")
         result["transition_chunk_size"] = held[0].transition_chunk_size
         # the layout as resolved ("auto" becomes a number)
         result["envs_per_worker"] = held[0].envs_per_worker

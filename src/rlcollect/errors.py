@@ -251,7 +251,7 @@ class ChannelClosed(Exception):
         >>> from rlcollect.errors import ChannelClosed
         >>> from rlcollect.testing import counting_layout, counting_programs
         >>> from rlcollect.transports import ThreadQueueTransport
-        >>> layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=2, slots=2)
+        >>> layout = counting_layout(num_workers=1, columns=1, chunk_steps=2, slots=2)
         >>> transport = ThreadQueueTransport()
         >>> end = transport.start(layout, counting_programs(layout))
         >>> end.abort()

@@ -63,7 +63,7 @@ def test_batches_view_blocks_of_a_pooled_ring_the_server_reads_by_place():
     ) as c:  # fmt: skip
         kept = [b.clone() for b in c]
         stats = c.stats()
-    assert stats["batches"] == 10 and stats["ring_batches"] >= 4
+    assert stats["batches"] == 10 and stats["lent_batches"] >= 4
     check_counting_streams(torch.cat(kept))
     check_backend_gone(c)
 

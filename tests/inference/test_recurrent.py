@@ -231,7 +231,7 @@ def test_the_row_checks_catch_a_late_reset_and_a_state_on_the_wrong_env():
 
 
 def test_the_env_of_a_request_row():
-    layout = counting_layout(num_workers=3, envs_per_worker=4, chunk_steps=5, slots=2, groups=2)
+    layout = counting_layout(num_workers=3, columns=4, chunk_steps=5, slots=2, splits=2)
     views = layout.views(bytearray(layout.nbytes))
     workers, requests = np.array([2, 0, 1]), np.array([7, 0, 19])
     rows = request_rows(layout, views, workers, requests)

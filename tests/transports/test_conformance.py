@@ -31,7 +31,7 @@ def test_transports_serve_one_collector():
 
     for make in BUILT_IN:
         t = make()
-        layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=1)
+        layout = counting_layout(num_workers=1, columns=1, chunk_steps=1, slots=1)
         t.start(layout, counting_programs(layout))
         with pytest.raises(CollectorError, match="serves one collector"):
             t.start(layout, counting_programs(layout))
@@ -42,7 +42,7 @@ def test_transports_serve_one_collector():
 def test_restart_worker_outside_start_and_close_is_a_collector_error(make):
     from rlcollect.testing import counting_layout, counting_programs
 
-    layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=1)
+    layout = counting_layout(num_workers=1, columns=1, chunk_steps=1, slots=1)
     transport = make()
     with pytest.raises(CollectorError, match=r"cannot restart worker 0: the \w+ was not started"):
         transport.restart_worker(0, counting_programs(layout)[0])

@@ -21,7 +21,7 @@ FIELDS = (
     Field(("action",), (), np.dtype(np.int64)),
     Field(("next", "reward"), (), np.dtype(np.float32)),
 )
-ONES = {"num_workers": 1, "envs_per_worker": 1, "chunk_steps": 1, "slots": 1}
+ONES = {"num_workers": 1, "columns": 1, "chunk_steps": 1, "slots": 1}
 
 
 def test_configuration_is_keyword_only():
@@ -32,7 +32,7 @@ def test_configuration_is_keyword_only():
 
 
 def test_views_have_the_documented_shapes_and_do_not_overlap():
-    layout = RingLayout(fields=FIELDS, num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
+    layout = RingLayout(fields=FIELDS, num_workers=3, columns=2, chunk_steps=4, slots=2)
     buf = np.zeros(layout.nbytes, np.uint8)
     views = layout.views(buf)
     assert views[("observation",)].shape == (3, 8, 2, 3, 5)
@@ -58,9 +58,7 @@ def test_bad_layouts_are_rejected():
 
 
 def test_in_place_requests_address_one_group_of_one_position():
-    layout = RingLayout(
-        fields=FIELDS, num_workers=2, envs_per_worker=4, chunk_steps=3, slots=2, groups=2
-    )
+    layout = RingLayout(fields=FIELDS, num_workers=2, columns=4, chunk_steps=3, slots=2, splits=2)
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     assert layout.request_columns == 2 and layout.requests_per_worker == 12
     obs = layout.request_sources(views, ("observation",))
@@ -78,10 +76,10 @@ def test_staged_requests_read_the_index_the_worker_wrote():
     layout = RingLayout(
         fields=FIELDS,
         num_workers=2,
-        envs_per_worker=8,
+        columns=8,
         chunk_steps=4,
         slots=2,
-        groups=2,
+        splits=2,
         staging=staging,
     )
     buf = np.zeros(layout.nbytes, np.uint8)
@@ -105,9 +103,9 @@ def test_staged_requests_read_the_index_the_worker_wrote():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"groups": 3}, "4 envs per worker do not split into 3 equal groups"),
-        ({"groups": 2, "slots": 1}, "groups > 1 needs slots >= 2"),
-        ({"groups": 0}, "groups must be a positive int"),
+        ({"splits": 3}, "4 envs per worker do not split into 3 equal groups"),
+        ({"splits": 2, "slots": 1}, "splits > 1 needs slots >= 2"),
+        ({"splits": 0}, "splits must be a positive int"),
         (
             {"staging": Staging(keys=(("value",),), columns=2)},
             r"Staging names fields the ring lacks: \[\('value',\)\]",
@@ -115,7 +113,7 @@ def test_staged_requests_read_the_index_the_worker_wrote():
     ],
 )
 def test_bad_request_layouts_are_rejected(kwargs, match):
-    args = {"num_workers": 1, "envs_per_worker": 4, "chunk_steps": 1, "slots": 2, **kwargs}
+    args = {"num_workers": 1, "columns": 4, "chunk_steps": 1, "slots": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
         RingLayout(fields=FIELDS, **args)
     with pytest.raises(ValueError, match="may not start with 'staged'"):
@@ -128,7 +126,7 @@ def test_bad_request_layouts_are_rejected(kwargs, match):
 
 
 def pooled(**kwargs):
-    sizes = {"num_workers": 3, "envs_per_worker": 4, "chunk_steps": 2, "slots": 3, **kwargs}
+    sizes = {"num_workers": 3, "columns": 4, "chunk_steps": 2, "slots": 3, **kwargs}
     return RingLayout(fields=FIELDS, pooled=True, **sizes)
 
 
@@ -136,7 +134,7 @@ def test_a_pooled_rings_workers_each_see_every_place_and_their_own_progress():
     layout = pooled()
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     assert views[("observation",)].shape == (3, 6, 4, 3, 5)  # the same views as ever
-    assert layout.places == 9 and layout.requests_per_worker == 9 * 2
+    assert layout.credited_slots == 9 and layout.requests_per_worker == 9 * 2
     assert [layout.first_credits(w) for w in range(3)] == [(0, 3), (1, 4), (2, 5)]
     mine = layout.worker_buffers(views, 2)
     assert mine[("action",)].shape == (18, 4)  # [places * chunk_steps, envs]
@@ -145,7 +143,7 @@ def test_a_pooled_rings_workers_each_see_every_place_and_their_own_progress():
     assert np.shares_memory(mine[PROGRESS], views[PROGRESS][2])
     assert not np.shares_memory(mine[PROGRESS], views[PROGRESS][1])
     plain = dataclasses.replace(layout, pooled=False)
-    assert plain.places == 3 and plain.first_credits(2) == (0, 1, 2)
+    assert plain.credited_slots == 3 and plain.first_credits(2) == (0, 1, 2)
     assert plain.worker_buffers(views, 2)[("action",)].shape == (6, 4)
 
 
@@ -168,7 +166,7 @@ def test_a_block_is_its_places_in_order_one_contiguous_view():
 def test_pooled_requests_address_the_cells_of_the_place_they_name(groups):
     """A request's position is one of the whole ring's, whichever worker makes it: its
     rows are that place's group of envs; they name no env (the writer does)."""
-    layout = pooled(groups=groups)
+    layout = pooled(splits=groups)
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     action = layout.request_sources(views, ("action",))
     whole = layout.worker_buffers(views, 0)[("action",)]

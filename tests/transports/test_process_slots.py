@@ -25,7 +25,7 @@ from rlcollect.transports import ProcessSlotTransport
 
 def start(num_workers=2):
     t = ProcessSlotTransport()
-    layout = counting_layout(num_workers=num_workers, envs_per_worker=1, chunk_steps=2, slots=2)
+    layout = counting_layout(num_workers=num_workers, columns=1, chunk_steps=2, slots=2)
     end = t.start(layout, counting_programs(layout))
     return t, end
 
@@ -72,7 +72,7 @@ import sys
 from rlcollect.testing import counting_layout, counting_programs
 from rlcollect.transports import ProcessSlotTransport
 t = ProcessSlotTransport()
-layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
+layout = counting_layout(num_workers=2, columns=1, chunk_steps=2, slots=2)
 end = t.start(layout, counting_programs(layout))
 print(t.shm_name, *t.pids, flush=True)
 sys.stdin.read()
@@ -96,7 +96,7 @@ def test_driver_killed_with_sigkill_leaves_nothing_behind():
 
 
 def test_request_channel_needs_a_running_transport():
-    layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=1)
+    layout = counting_layout(num_workers=1, columns=1, chunk_steps=1, slots=1)
     transport = ProcessSlotTransport()
     with pytest.raises(CollectorError, match=r"request_channel\(\) needs a running"):
         transport.request_channel()
@@ -110,7 +110,7 @@ def test_request_channel_needs_a_running_transport():
 def test_a_ring_of_more_slots_than_one_write_of_credits_holds_is_refused():
     """A worker's first credits are one pipe write of at most 4096 bytes (two per slot)."""
     transport = ProcessSlotTransport()
-    layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=2049)
+    layout = counting_layout(num_workers=1, columns=1, chunk_steps=1, slots=2049)
     with pytest.raises(ValueError, match="at most 2048 slots per worker"):
         transport.start(layout, counting_programs(layout))
     transport.close()
@@ -118,7 +118,7 @@ def test_a_ring_of_more_slots_than_one_write_of_credits_holds_is_refused():
 
 def test_a_pooled_ring_of_more_places_than_a_credit_can_name_is_refused():
     layout = dataclasses.replace(
-        counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=1, slots=2**16 + 1),
+        counting_layout(num_workers=1, columns=1, chunk_steps=1, slots=2**16 + 1),
         pooled=True,
     )
     transport = ProcessSlotTransport()
@@ -131,7 +131,7 @@ def test_credits_name_places_past_a_byte():
     """Two workers of a pooled ring of 600 places: a credit names places 300 and 599 (more
     than a byte holds), and each worker writes the place named, not a byte of it."""
     layout = dataclasses.replace(
-        counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=300), pooled=True
+        counting_layout(num_workers=2, columns=1, chunk_steps=1, slots=300), pooled=True
     )
     transport = ProcessSlotTransport()
     end = transport.start(layout, [_mark_places] * 2)
@@ -154,7 +154,7 @@ def test_a_worker_of_a_pooled_ring_maps_the_whole_ring_at_start():
     the whole ring once it has handed its first places over, where it has written only
     four of twelve places (a third of the ring)."""
     layout = dataclasses.replace(
-        counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2048, slots=6),
+        counting_layout(num_workers=2, columns=1, chunk_steps=2048, slots=6),
         pooled=True,
     )
     assert layout.nbytes > 64 * os.sysconf("SC_PAGE_SIZE")
@@ -191,7 +191,7 @@ def test_start_does_not_wait_for_workers_to_read_their_programs(tmp_path, monkey
         "    time.sleep(0.01)\n"
     )
     monkeypatch.syspath_prepend(str(site))  # the workers' PYTHONPATH is the driver's path
-    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=2, slots=2)
     programs = [PaddedProgram(p, 4 << 20) for p in counting_programs(layout)]
     t = ProcessSlotTransport()
     started = threading.Event()

@@ -265,7 +265,7 @@ class AsyncBatchedCollector(CollectorFacade):
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
         self.envs_per_worker = plan.envs_per_worker
-        self.worker_splits = plan.layout.groups
+        self.worker_splits = plan.layout.splits
         self.transition_chunk_size = plan.transition_chunk_size
         self.policy_lag = plan.policy_lag
         self.policy_device = plan.device
@@ -411,8 +411,8 @@ class AsyncBatchedCollector(CollectorFacade):
             **self._throughput(frames),
             "consumer_wait_seconds": self._chunks.wait_seconds,
             "batch_memory_reuses": self._chunks.batch_memory_reuses,
-            "ring_batches": self._chunks.ring_batches,
-            "place_wait_seconds": self._chunks.place_wait_seconds,
+            "lent_batches": self._chunks.lent_batches,
+            "slot_wait_seconds": self._chunks.slot_wait_seconds,
             "policy_version": self.policy_version,
             "episodes": self._chunks.episodes.stats(),
         }

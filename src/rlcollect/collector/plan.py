@@ -10,9 +10,9 @@ frozen and has started nothing: no worker, no thread, no shared memory. The coll
 Names, one meaning each (``docs/architecture.md`` has the picture):
 
 * ``envs_per_worker``: env *factories* per worker (the argument);
-  ``RingLayout.envs_per_worker`` / :attr:`Plan.worker_envs`: the envs a worker *steps*,
+  ``RingLayout.columns`` / :attr:`Plan.worker_envs`: the envs a worker *steps*,
   its ring columns (``envs_per_worker`` times the sub-envs of a vector env).
-* ``worker_splits`` (the argument) is ``RingLayout.groups``: request groups per worker.
+* ``worker_splits`` (the argument) is ``RingLayout.splits``: request groups per worker.
 * ``transition_chunk_size`` counts *transitions* per chunk (all of a worker's envs);
   ``chunk_steps`` counts *steps of each env* per chunk:
   ``transition_chunk_size == chunk_steps * worker_envs``.
@@ -101,12 +101,12 @@ class Plan:
     @property
     def worker_envs(self) -> int:
         """Envs each worker steps (its ring columns)."""
-        return self.layout.envs_per_worker
+        return self.layout.columns
 
     @property
     def transition_chunk_size(self) -> int:
         """Transitions per worker message."""
-        return self.layout.chunk_steps * self.layout.envs_per_worker
+        return self.layout.chunk_steps * self.layout.columns
 
     def programs(self, local: InWorkerPolicy | None = None) -> list[WorkerProgram]:
         """What each worker runs (see :func:`program`)."""
@@ -288,7 +288,7 @@ def plan_collection(
         slot_rows=chunk_steps * num_envs,
         frames_per_batch=frames_per_batch,
         recurrent=recurrent,
-        pool_places=transport_obj.pool_places,
+        pool_slots=transport_obj.pool_slots,
         num_workers=num_workers,
         gpu_policy=device.type == "cuda",
     )
@@ -300,10 +300,10 @@ def plan_collection(
             obs_fields, action_field, extra_fields, info_fields, recurrent=recurrent
         ),
         num_workers=num_workers,
-        envs_per_worker=worker_envs,
+        columns=worker_envs,
         chunk_steps=chunk_steps,
         slots=slots,
-        groups=splits,
+        splits=splits,
         staging=staging,
         rounds=on_policy,
         pooled=lend == "pool",
@@ -332,11 +332,11 @@ def plan_collection(
             env_offset=w * worker_envs,
             seed=seed,
             chunk_steps=chunk_steps,
-            slots=layout.places,
+            slots=layout.credited_slots,
             source=source,
             observation_paths=paths,
             discrete_actions=isinstance(source.action_space, spaces.Discrete),
-            groups=splits,
+            splits=splits,
             on_policy=on_policy,
             info_keys=names,
         )

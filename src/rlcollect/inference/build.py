@@ -49,7 +49,7 @@ def build_server(
         capacity=config.capacity,
         compile_options=config.compile_options,
         cuda_graph=config.cuda_graph,
-        num_envs=layout.num_workers * layout.envs_per_worker,
+        num_envs=layout.num_workers * layout.columns,
         store_recurrent_state=config.store_recurrent_state,
         envs_may_repeat=config.restarts,
     )
@@ -116,7 +116,7 @@ def build_action_step(
         >>> import torch
         >>> from rlcollect.inference import PolicyRunner, build_action_step
         >>> from rlcollect.testing import counting_layout
-        >>> layout = counting_layout(num_workers=1, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> layout = counting_layout(num_workers=1, columns=2, chunk_steps=4, slots=2)
         >>> fields = {field.key: field for field in layout.fields}
         >>> runner = PolicyRunner(
         ...     torch.nn.Identity(), device=torch.device("cpu"), observation_paths=((),)

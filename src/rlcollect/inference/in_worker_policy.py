@@ -153,10 +153,10 @@ class InWorkerEnd(WorkerEnd):
         self._params = policy.state_dict(keep_vars=True)
         self._board = board
         self._version = -1  # none yet: the first request loads version 0 from the board
-        self._groups = spec.groups
-        width = config.layout.envs_per_worker // spec.groups
+        self._groups = spec.splits
+        width = config.layout.columns // spec.splits
         self._width = width
-        self._columns = [slice(g * width, (g + 1) * width) for g in range(spec.groups)]
+        self._columns = [slice(g * width, (g + 1) * width) for g in range(spec.splits)]
         self._inputs = [
             (path, end.buffers[("observation", *path)]) for path in config.observation_paths
         ]

@@ -163,7 +163,7 @@ class InferenceServer(InferenceBackend):
         >>> class StepModFive(torch.nn.Module):  # CountingEnv: [env, episode, step, last]
         ...     def forward(self, observation):
         ...         return observation[:, 2] % 5
-        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> layout = counting_layout(num_workers=2, columns=2, chunk_steps=4, slots=2)
         >>> fields = {field.key: field for field in layout.fields}
         >>> runner = PolicyRunner(
         ...     StepModFive(), device=torch.device("cpu"), observation_paths=((),)

@@ -34,7 +34,7 @@ def _round_trip(make_transport: Callable[[], Transport], layout: RingLayout, wan
         assert s == next_slot[w], f"worker {w} handed over slot {s}, expected {next_slot[w]}"
         next_slot[w] = (s + 1) % layout.slots
         obs, nxt = rows["observation"], rows["next/observation"]
-        assert (obs[:, ENV_ID] // layout.envs_per_worker == w).all(), "rows from another worker"
+        assert (obs[:, ENV_ID] // layout.columns == w).all(), "rows from another worker"
         assert (rows["env_index"] == obs[:, ENV_ID]).all(), "env_index does not match the env"
         assert (rows["action"] == counting_actions(obs, _ACTIONS)).all(), "action misrouted"
         assert (nxt[:, LAST_ACTION] == rows["action"]).all(), "env received another action"
@@ -51,7 +51,7 @@ def _round_trip(make_transport: Callable[[], Transport], layout: RingLayout, wan
 
 def _check_round_trip(make_transport: Callable[[], Transport]) -> None:
     """One request per worker at a time: streams whole, actions routed, slots in order."""
-    layout = counting_layout(num_workers=3, envs_per_worker=2, chunk_steps=4, slots=2)
+    layout = counting_layout(num_workers=3, columns=2, chunk_steps=4, slots=2)
     _round_trip(make_transport, layout, want=30)
 
 
@@ -61,7 +61,7 @@ def _check_double_buffered_round_trip(make_transport: Callable[[], Transport]) -
     The transport must deliver a worker's requests in the order it made them and one
     response per request.
     """
-    layout = counting_layout(num_workers=2, envs_per_worker=4, chunk_steps=3, slots=2, groups=2)
+    layout = counting_layout(num_workers=2, columns=4, chunk_steps=3, slots=2, splits=2)
     _round_trip(make_transport, layout, want=30)
 
 
@@ -69,14 +69,14 @@ def _check_staged_round_trip(make_transport: Callable[[], Transport]) -> None:
     """Vector envs returning arbitrary subsets of sub-envs (staged requests, two vector
     envs per worker): every env's stream is still whole, in order and routed."""
     layout = counting_layout(
-        num_workers=2, envs_per_worker=8, chunk_steps=3, slots=2, groups=2, vector_batch=2
+        num_workers=2, columns=8, chunk_steps=3, slots=2, splits=2, vector_batch=2
     )
     _round_trip(make_transport, layout, want=30)
 
 
 def _check_backpressure(make_transport: Callable[[], Transport]) -> None:
     """A worker stops after filling every slot, and resumes once per released slot."""
-    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=3, slots=2)
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=3, slots=2)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout))
     responder = _Responder(end, layout)
@@ -95,7 +95,7 @@ def _check_backpressure(make_transport: Callable[[], Transport]) -> None:
 
 def _check_worker_error(make_transport: Callable[[], Transport]) -> None:
     """An env raising reaches wait_chunks as a WorkerError naming the env."""
-    layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=2, slots=2)
+    layout = counting_layout(num_workers=2, columns=2, chunk_steps=2, slots=2)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout, fail={3: (1, 2)}))
     responder = _Responder(end, layout)
@@ -118,7 +118,7 @@ def _check_worker_error(make_transport: Callable[[], Transport]) -> None:
 
 def _check_abort(make_transport: Callable[[], Transport]) -> None:
     """abort() ends both driver waits promptly, and close() twice is harmless."""
-    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=2, slots=2)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout))
     try:
@@ -140,7 +140,7 @@ def _check_abort(make_transport: Callable[[], Transport]) -> None:
 
 def _check_close_unblocks_workers(make_transport: Callable[[], Transport]) -> None:
     """close() ends workers blocked on a response and on a full ring, and returns."""
-    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=1)
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=1, slots=1)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout))
     # Worker 0 ends up waiting for a free slot; worker 1 waits for a response.
@@ -169,7 +169,7 @@ def _check_restart(make_transport: Callable[[], Transport]) -> None:
     # Two groups: when env 3 fails, the other group's request is outstanding, and its
     # answer must not reach the new worker. Env 3 fails in its 7th step (episode 0 lasts
     # 4), the first of the 4th chunk: the worker has handed over 3 chunks by then.
-    layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=2, slots=2, groups=2)
+    layout = counting_layout(num_workers=2, columns=2, chunk_steps=2, slots=2, splits=2)
     transport = make_transport()
     end = transport.start(layout, counting_programs(layout, fail={3: (1, 2)}))
     responder = _Responder(end, layout)
@@ -244,7 +244,7 @@ def _check_named_slots(make_transport: Callable[[], Transport]) -> None:
     trivially.)"""
     if not make_transport().names_slots:
         return
-    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=3)
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=1, slots=3)
     transport = make_transport()
     end = transport.start(layout, [_echo_slots] * layout.num_workers)
 
@@ -279,11 +279,11 @@ def _mark_places(end: WorkerEnd) -> None:
 def _check_pooled_ring(make_transport: Callable[[], Transport]) -> None:
     """A pooled ring's workers start with ``RingLayout.first_credits``, write the
     place their credit names, whichever worker wrote it before, and see the whole ring.
-    (Transports whose ``pool_places`` is 0 pass trivially.)"""
-    if not make_transport().pool_places:
+    (Transports whose ``pool_slots`` is 0 pass trivially.)"""
+    if not make_transport().pool_slots:
         return
     layout = dataclasses.replace(
-        counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=1, slots=3), pooled=True
+        counting_layout(num_workers=2, columns=1, chunk_steps=1, slots=3), pooled=True
     )
     transport = make_transport()
     end = transport.start(layout, [_mark_places] * layout.num_workers)

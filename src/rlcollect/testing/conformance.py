@@ -64,7 +64,7 @@ what went wrong). What each one checks:
 * ``named_slots``: (transports with ``names_slots`` only) ``wait_slot`` returns every
   slot once from 0 up, then the slots ``release`` gives back, in the order it gives
   them, however that differs from the order they were handed over.
-* ``pooled_ring``: (transports with ``pool_places`` only) in a pooled ring, each worker
+* ``pooled_ring``: (transports with ``pool_slots`` only) in a pooled ring, each worker
   starts with ``RingLayout.first_credits`` and writes the place each credit names, in
   the whole ring its ``buffers`` show, whichever worker wrote the place before.
 """

@@ -31,23 +31,23 @@ _NEXT_STEP = AutoresetMode.NEXT_STEP
 def counting_layout(
     *,
     num_workers: int,
-    envs_per_worker: int,
+    columns: int,
     chunk_steps: int,
     slots: int,
-    groups: int = 1,
+    splits: int = 1,
     vector_batch: int = 0,
 ) -> RingLayout:
     """A ring for CountingEnv workers (observation, action and the bookkeeping fields).
 
-    ``groups`` requests per worker; ``vector_batch > 0``: staged requests of that many
-    rows, for workers of ``groups`` CountingVectorEnvs (see :func:`counting_programs`).
+    ``splits`` requests per worker; ``vector_batch > 0``: staged requests of that many
+    rows, for workers of ``splits`` CountingVectorEnvs (see :func:`counting_programs`).
 
     Args:
         num_workers: workers.
-        envs_per_worker: env columns per worker (sub-envs counted one by one).
+        columns: env columns per worker (sub-envs counted one by one).
         chunk_steps: steps of each env per chunk.
         slots: chunk slots per worker.
-        groups: requests a worker may hold at once.
+        splits: requests a worker may hold at once.
         vector_batch: rows of a staged request; 0 for in-place requests.
 
     Returns:
@@ -58,7 +58,7 @@ def counting_layout(
 
     Examples:
         >>> from rlcollect.testing import counting_layout
-        >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+        >>> layout = counting_layout(num_workers=2, columns=3, chunk_steps=4, slots=2)
         >>> layout.positions, layout.request_columns
         (8, 3)
         >>> [f.key for f in layout.fields][:3]
@@ -73,10 +73,10 @@ def counting_layout(
     return RingLayout(
         fields=fields,
         num_workers=num_workers,
-        envs_per_worker=envs_per_worker,
+        columns=columns,
         chunk_steps=chunk_steps,
         slots=slots,
-        groups=groups,
+        splits=splits,
         staging=staging,
     )
 
@@ -86,9 +86,9 @@ def counting_programs(
 ) -> list[Any]:
     """Worker programs for ``layout``; ``fail`` maps env index to CountingEnv's ``fail_at``.
 
-    A staged layout gets ``groups`` CountingVectorEnvs per worker, each of
-    ``envs_per_worker // groups`` sub-envs returning ``request_columns`` at a time;
-    otherwise each worker steps ``envs_per_worker`` CountingEnvs.
+    A staged layout gets ``splits`` CountingVectorEnvs per worker, each of
+    ``columns // splits`` sub-envs returning ``request_columns`` at a time;
+    otherwise each worker steps ``columns`` CountingEnvs.
 
     Args:
         layout: a ring from :func:`counting_layout`.
@@ -100,7 +100,7 @@ def counting_programs(
     Examples:
         >>> from rlcollect.testing import counting_layout, counting_programs
         >>> from rlcollect.transports import ThreadQueueTransport
-        >>> layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=2)
+        >>> layout = counting_layout(num_workers=2, columns=1, chunk_steps=2, slots=2)
         >>> programs = counting_programs(layout, fail={1: (0, 1)})
         >>> len(programs)
         2
@@ -110,17 +110,17 @@ def counting_programs(
     """
     fail = fail or {}
     programs = []
-    k = layout.envs_per_worker
+    k = layout.columns
     space = gym.spaces.Box(0, 1 << 40, shape=(4,), dtype=np.int64)
     actions = gym.spaces.Discrete(_ACTIONS)
     for w in range(layout.num_workers):
         fns: tuple[Callable[[], Any], ...]
         if layout.staging is not None:
-            n = k // layout.groups
+            n = k // layout.splits
             b = layout.request_columns
             fns = tuple(
                 functools.partial(CountingVectorEnv, w * k + g * n, n, b, order_seed=w * 7 + g)
-                for g in range(layout.groups)
+                for g in range(layout.splits)
             )
             source = Source(space, actions, sub_envs=n, batch_size=b, autoreset=_NEXT_STEP)
         else:
@@ -140,7 +140,7 @@ def counting_programs(
             source=source,
             observation_paths=((),),
             discrete_actions=True,
-            groups=layout.groups,
+            splits=layout.splits,
         )
         programs.append(functools.partial(run_worker, spec=spec))
     return programs

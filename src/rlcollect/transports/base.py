@@ -18,7 +18,7 @@ Data never travels in these messages: it lives in the ring buffers that both end
 carry indices only. What a request number ``q`` names in the ring is the layout's
 business (``layout.request_rows``), not the transport's.
 
-A worker holds at most ``layout.groups`` outstanding requests (one per group of envs:
+A worker holds at most ``layout.splits`` outstanding requests (one per group of envs:
 double buffering), and at most ``layout.slots`` chunks it has not had back; a transport
 may rely on both bounds. Each ``wait_response`` consumes one response, and responses are
 not labelled: a transport must deliver one worker's requests to ``wait_requests`` in
@@ -39,7 +39,7 @@ workers in other processes (``pickles_programs``), handing the request side to a
 inference server in another process (``supports_request_channel``,
 :class:`RequestChannel`), credits that name the slot they give back (``names_slots``:
 ``wait_slot`` returns it, so slots may come back in any order), and pooled rings
-(``pool_places``: each worker's ``buffers`` and first credits are what
+(``pool_slots``: each worker's ``buffers`` and first credits are what
 ``RingLayout.worker_buffers`` and ``RingLayout.first_credits`` say, so that a worker
 writes whichever place of the ring its credit names).
 """
@@ -87,7 +87,7 @@ class WorkerEnd(ABC):
         >>> layout = RingLayout(
         ...     fields=(Field(("observation",), (), int64), Field(("action",), (), int64)),
         ...     num_workers=1,
-        ...     envs_per_worker=1,
+        ...     columns=1,
         ...     chunk_steps=2,
         ...     slots=2,
         ... )
@@ -190,7 +190,7 @@ class RequestEnd(ABC):
         >>> import numpy as np
         >>> from rlcollect.testing import counting_actions, counting_layout, counting_programs
         >>> from rlcollect.transports import ThreadQueueTransport, request_rows
-        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> layout = counting_layout(num_workers=2, columns=2, chunk_steps=4, slots=2)
         >>> transport = ThreadQueueTransport()
         >>> end = transport.start(layout, counting_programs(layout))
         >>> obs = layout.request_sources(end.buffers, ("observation",))  # [rows, 4]
@@ -271,7 +271,7 @@ class ServerEnd(RequestEnd):
         >>> from rlcollect.errors import WorkerError
         >>> from rlcollect.testing import counting_layout, counting_programs
         >>> from rlcollect.transports import ThreadQueueTransport
-        >>> layout = counting_layout(num_workers=1, envs_per_worker=1, chunk_steps=2, slots=2)
+        >>> layout = counting_layout(num_workers=1, columns=1, chunk_steps=2, slots=2)
         >>> transport = ThreadQueueTransport()
         >>> end = transport.start(layout, counting_programs(layout, fail={0: (1, 1)}))
         >>> def serve():  # every action 0, until the transport closes
@@ -332,7 +332,7 @@ class Transport(ABC):
         >>> from rlcollect.transports import ThreadQueueTransport
         >>> class Announcing(ThreadQueueTransport):
         ...     def start(self, layout, programs):
-        ...         print(f"{len(programs)} workers, {layout.envs_per_worker} envs each")
+        ...         print(f"{len(programs)} workers, {layout.columns} envs each")
         ...         return super().start(layout, programs)
         >>> with AsyncBatchedCollector(
         ...     [functools.partial(gym.make, "Pendulum-v1")] * 4,
@@ -382,10 +382,10 @@ class Transport(ABC):
     names_slots: ClassVar[bool] = False
     #: The most places of a pooled ring (``RingLayout.pooled``) the transport serves: it
     #: gives each worker ``RingLayout.worker_buffers`` and ``RingLayout.first_credits``,
-    #: and its credits name any of ``RingLayout.places`` (with ``names_slots``). 0: no
+    #: and its credits name any of ``RingLayout.credited_slots`` (with ``names_slots``). 0: no
     #: pooled rings; the collector then never asks for one, nor for one of more places
     #: than this (``num_workers`` times ``loans.POOL_BLOCKS``: ``collector/batches/loans.py``).
-    pool_places: ClassVar[int] = 0
+    pool_slots: ClassVar[int] = 0
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Replace failed worker ``worker`` by a new one running ``program``.

@@ -152,20 +152,20 @@ class Staging:
 class RingLayout:
     """Shape of the rollout ring shared by all workers of one collector.
 
-    ``groups`` is the number of requests a worker may hold at once (double buffering:
-    one group of envs steps while another waits for its actions).
+    ``splits`` is the number of requests a worker may hold at once (double buffering:
+    one split of its envs steps while another waits for its actions).
 
     Args:
         fields: every transition field (unique keys; none may start with ``"staged"``).
         num_workers: workers sharing the ring.
-        envs_per_worker: env columns per worker (sub-envs of vector envs one by one).
+        columns: env columns per worker (sub-envs of vector envs one by one).
         chunk_steps: steps of each env per chunk.
         slots: chunk slots per worker.
-        groups: requests a worker may hold at once.
+        splits: requests a worker may hold at once.
         staging: staged requests (vector envs), or None for in-place requests.
         rounds: workers run in on-policy rounds (``on_policy=True``): every group steps
             a slot's last position before the worker waits for the next slot, so one
-            slot is enough with ``groups > 1``.
+            slot is enough with ``splits > 1``.
         pooled: the ring's chunk buffers are places any worker writes, named by its
             credits (:meth:`first_credits`, :meth:`worker_buffers`), and every
             ``num_workers`` of them one block (:meth:`block`). In place only, not in
@@ -173,7 +173,7 @@ class RingLayout:
 
     Raises:
         ValueError: a size that is not a positive int, duplicate or reserved keys,
-            ``envs_per_worker`` not divisible into ``groups``, ``groups > 1`` with one
+            ``columns`` not divisible into ``splits``, ``splits > 1`` with one
             slot (unless ``rounds``), staging that names fields the ring lacks, or a
             pooled ring that is staged, in rounds, or of fewer than two slots.
 
@@ -183,7 +183,7 @@ class RingLayout:
         >>> layout = RingLayout(
         ...     fields=(Field(("observation",), (4,), np.dtype(np.float32)),),
         ...     num_workers=2,
-        ...     envs_per_worker=3,
+        ...     columns=3,
         ...     chunk_steps=8,
         ...     slots=2,
         ... )
@@ -196,16 +196,16 @@ class RingLayout:
 
     fields: tuple[Field, ...]
     num_workers: int
-    envs_per_worker: int
+    columns: int
     chunk_steps: int
     slots: int
-    groups: int = 1
+    splits: int = 1
     staging: Staging | None = None
     rounds: bool = False
     pooled: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("num_workers", "envs_per_worker", "chunk_steps", "slots", "groups"):
+        for name in ("num_workers", "columns", "chunk_steps", "slots", "splits"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RingLayout.{name} must be a positive int, got {value!r}")
@@ -216,14 +216,14 @@ class RingLayout:
             raise ValueError(f"field keys may not start with {STAGED!r}: {keys}")
         if PROGRESS in keys:
             raise ValueError(f"{PROGRESS!r} is the ring's own key, not a field key")
-        if self.staging is None and self.envs_per_worker % self.groups:
+        if self.staging is None and self.columns % self.splits:
             raise ValueError(
-                f"RingLayout: {self.envs_per_worker} envs per worker do not split into "
-                f"{self.groups} equal groups"
+                f"RingLayout: {self.columns} envs per worker do not split into "
+                f"{self.splits} equal groups"
             )
-        if self.groups > 1 and self.slots < 2 and not self.rounds:
+        if self.splits > 1 and self.slots < 2 and not self.rounds:
             # The first group enters a new slot before the last one hands the old one over.
-            raise ValueError("RingLayout with groups > 1 needs slots >= 2")
+            raise ValueError("RingLayout with splits > 1 needs slots >= 2")
         if self.staging is not None:
             missing = set(self.staging.keys) - set(keys)
             if missing:
@@ -239,7 +239,7 @@ class RingLayout:
         return self.slots * self.chunk_steps
 
     @property
-    def places(self) -> int:
+    def credited_slots(self) -> int:
         """Chunk buffers a worker's credits may name: ``slots``, or pooled, every
         worker's (``num_workers * slots``)."""
         return self.slots * self.num_workers if self.pooled else self.slots
@@ -257,17 +257,17 @@ class RingLayout:
         """Env observations per request."""
         if self.staging is not None:
             return self.staging.columns
-        return self.envs_per_worker // self.groups
+        return self.columns // self.splits
 
     @property
     def requests_per_worker(self) -> int:
         """Distinct request numbers of one worker: ``0 <= q < requests_per_worker``."""
         if self.staging is not None:
-            return self.groups
-        return self.places * self.chunk_steps * self.groups
+            return self.splits
+        return self.credited_slots * self.chunk_steps * self.splits
 
     def _arrays(self) -> Iterator[tuple[Key, tuple[int, ...], np.dtype[np.generic]]]:
-        w, p, k = self.num_workers, self.positions, self.envs_per_worker
+        w, p, k = self.num_workers, self.positions, self.columns
         by_key = {f.key: f for f in self.fields}
         for f in self.fields:
             yield f.key, (w, p, k, *f.shape), f.dtype
@@ -275,7 +275,7 @@ class RingLayout:
             for key in self.staging.keys:
                 f = by_key[key]
                 yield (STAGED, *key), (w, 2 * k, *f.shape), f.dtype
-            yield (STAGED, "rows"), (w, self.groups, self.staging.columns), np.dtype(np.int64)
+            yield (STAGED, "rows"), (w, self.splits, self.staging.columns), np.dtype(np.int64)
         yield PROGRESS, (w, PROGRESS_WIDTH), np.dtype(np.int64)
 
     def _offsets(self) -> list[tuple[Key, tuple[int, ...], np.dtype[np.generic], int, int]]:
@@ -316,7 +316,7 @@ class RingLayout:
 
         Examples:
             >>> from rlcollect.testing import counting_layout
-            >>> layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=4, slots=2)
+            >>> layout = counting_layout(num_workers=2, columns=1, chunk_steps=4, slots=2)
             >>> views = layout.views(bytearray(layout.nbytes))
             >>> views[("next", "reward")].shape, views[("next", "reward")].dtype
             ((2, 8, 1), dtype('float32'))
@@ -345,7 +345,7 @@ class RingLayout:
         Examples:
             >>> import dataclasses
             >>> from rlcollect.testing import counting_layout
-            >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+            >>> layout = counting_layout(num_workers=2, columns=3, chunk_steps=4, slots=2)
             >>> views = layout.views(bytearray(layout.nbytes))
             >>> layout.worker_buffers(views, 1)[("observation",)].shape
             (8, 3, 4)
@@ -381,7 +381,7 @@ class RingLayout:
         Examples:
             >>> import dataclasses
             >>> from rlcollect.testing import counting_layout
-            >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+            >>> layout = counting_layout(num_workers=2, columns=3, chunk_steps=4, slots=2)
             >>> layout = dataclasses.replace(layout, pooled=True)
             >>> views = layout.views(bytearray(layout.nbytes))
             >>> layout.worker_buffers(views, 0)[("step",)][12:16] = 7  # place 3: block 1
@@ -391,7 +391,7 @@ class RingLayout:
         """
         if not self.pooled:
             raise ValueError("blocks are a pooled ring's")
-        rows = self.chunk_steps * self.num_workers * self.envs_per_worker
+        rows = self.chunk_steps * self.num_workers * self.columns
         array = views[key]
         whole = array.reshape(-1, *array.shape[3:])
         out: np.ndarray = whole[block * rows : (block + 1) * rows]
@@ -416,7 +416,7 @@ class RingLayout:
 
         Examples:
             >>> from rlcollect.testing import counting_layout
-            >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+            >>> layout = counting_layout(num_workers=2, columns=3, chunk_steps=4, slots=2)
             >>> views = layout.views(bytearray(layout.nbytes))
             >>> layout.request_sources(views, ("observation",)).shape  # 2 * 8 * 3 rows
             (48, 4)
@@ -450,18 +450,18 @@ def request_rows(
         >>> import numpy as np
         >>> from rlcollect.testing import counting_layout
         >>> from rlcollect.transports import request_rows
-        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> layout = counting_layout(num_workers=2, columns=2, chunk_steps=4, slots=2)
         >>> views = layout.views(bytearray(layout.nbytes))
         >>> request_rows(layout, views, np.array([0, 1]), np.array([0, 3])).tolist()
         [0, 1, 22, 23]
     """
     c = layout.request_columns
     if layout.staging is not None:
-        per_worker = 2 * layout.envs_per_worker  # staging cells
+        per_worker = 2 * layout.columns  # staging cells
         cells = views[(STAGED, "rows")][workers, requests]
         rows: np.ndarray = (workers[:, None] * per_worker + cells).reshape(-1)
         return rows.astype(np.intp, copy=False)
-    k = layout.envs_per_worker
+    k = layout.columns
     # q * c == p * k + g * c; pooled, p is a position of the whole ring
     first = requests * c if layout.pooled else workers * (layout.positions * k) + requests * c
     out: np.ndarray = (first[:, None] + np.arange(c)).reshape(-1)
@@ -490,7 +490,7 @@ def request_envs(layout: RingLayout, rows: np.ndarray) -> np.ndarray:
         >>> import numpy as np
         >>> from rlcollect.testing import counting_layout
         >>> from rlcollect.transports.layout import request_envs, request_rows
-        >>> layout = counting_layout(num_workers=2, envs_per_worker=2, chunk_steps=4, slots=2)
+        >>> layout = counting_layout(num_workers=2, columns=2, chunk_steps=4, slots=2)
         >>> views = layout.views(bytearray(layout.nbytes))
         >>> rows = request_rows(layout, views, np.array([0, 1]), np.array([0, 3]))
         >>> request_envs(layout, rows).tolist()  # worker 0's envs, then worker 1's
@@ -498,7 +498,7 @@ def request_envs(layout: RingLayout, rows: np.ndarray) -> np.ndarray:
     """
     if layout.pooled:
         raise ValueError("a pooled ring's rows belong to whichever worker wrote them last")
-    k = layout.envs_per_worker
+    k = layout.columns
     rows = rows.astype(np.int64, copy=False)
     per_worker = 2 * k if layout.staging is not None else layout.positions * k
     out: np.ndarray = (rows // per_worker) * k + rows % k
@@ -519,7 +519,7 @@ def worker_views(views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.n
     Examples:
         >>> from rlcollect.testing import counting_layout
         >>> from rlcollect.transports import worker_views
-        >>> layout = counting_layout(num_workers=2, envs_per_worker=3, chunk_steps=4, slots=2)
+        >>> layout = counting_layout(num_workers=2, columns=3, chunk_steps=4, slots=2)
         >>> views = layout.views(bytearray(layout.nbytes))
         >>> worker_views(views, 1)[("observation",)].shape
         (8, 3, 4)

@@ -328,7 +328,7 @@ class ProcessSlotTransport(Transport):
     pickles_programs = True
     supports_request_channel = True
     names_slots = True
-    pool_places = 2**16  # a credit is two bytes (process_server.CREDIT)
+    pool_slots = 2**16  # a credit is two bytes (process_server.CREDIT)
 
     @property
     def pids(self) -> list[int]:
@@ -368,16 +368,16 @@ class ProcessSlotTransport(Transport):
             raise CollectorError("a ProcessSlotTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
-        if layout.pooled and layout.places > self.pool_places:
+        if layout.pooled and layout.credited_slots > self.pool_slots:
             raise ValueError(
-                f"a ProcessSlotTransport ring holds at most {self.pool_places} places in a "
-                f"pooled ring (a credit is two bytes naming its place), got {layout.places}"
+                f"a ProcessSlotTransport ring holds at most {self.pool_slots} places in a "
+                f"pooled ring (a credit is two bytes naming its place), got {layout.credited_slots}"
             )
-        if not layout.pooled and layout.places > MAX_FIRST_CREDITS:
+        if not layout.pooled and layout.credited_slots > MAX_FIRST_CREDITS:
             raise ValueError(
                 f"a ProcessSlotTransport ring holds at most {MAX_FIRST_CREDITS} slots per "
                 f"worker (a worker's first credits, two bytes each, are one pipe write of at "
-                f"most 4096 bytes), got {layout.places}"
+                f"most 4096 bytes), got {layout.credited_slots}"
             )
         self._started = True
         payloads = []

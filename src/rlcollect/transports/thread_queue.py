@@ -203,7 +203,7 @@ class ThreadQueueTransport(Transport):
 
     supports_restart = True
     names_slots = True
-    pool_places = sys.maxsize
+    pool_slots = sys.maxsize
 
     def __init__(self) -> None:
         self._server: _Server | None = None

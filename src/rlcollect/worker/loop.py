@@ -151,7 +151,7 @@ def _check_source(got: Source, spec: WorkerSpec, env_index: int) -> None:
 
 def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress) -> None:
     k = len(envs)
-    groups = spec.groups
+    groups = spec.splits
     width = k // groups
     members = [range(g * width, (g + 1) * width) for g in range(groups)]
     columns = [slice(g * width, (g + 1) * width) for g in range(groups)]

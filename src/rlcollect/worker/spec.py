@@ -77,7 +77,7 @@ class WorkerSpec:
     one by one). ``groups`` is the number of groups its envs split into, each with a
     request of its own outstanding (for vector envs: one group per vector env).
     ``slots`` is the number of chunk buffers its credits may name
-    (``RingLayout.places``: a pooled ring's are every worker's). ``first_episode``
+    (``RingLayout.credited_slots``: a pooled ring's are every worker's). ``first_episode``
     numbers the first episode of each env (a restarted worker goes on from where the
     one it replaces stopped); None: every env starts at episode 0.
     """
@@ -90,7 +90,7 @@ class WorkerSpec:
     source: Source
     observation_paths: tuple[Path, ...]
     discrete_actions: bool
-    groups: int = 1
+    splits: int = 1
     first_episode: tuple[int, ...] | None = None
     on_policy: bool = False
     info_keys: tuple[str, ...] = ()

@@ -96,7 +96,7 @@ def test_batches_dropped_as_a_loop_drops_them_keep_being_lent(transport, factory
             kept.append(b.clone())  # a copy: the batch itself is dropped next round
         stats = c.stats()
     assert stats["batches"] == 30
-    assert stats["ring_batches"] >= 10
+    assert stats["lent_batches"] >= 10
     check_counting_streams(torch.cat(kept))
 
 
@@ -107,7 +107,7 @@ def test_kept_batches_stay_intact_and_later_ones_are_copied(transport):
         kept = list(c)
         early = copies(kept)
         stats = c.stats()
-    assert stats["ring_batches"] == 2
+    assert stats["lent_batches"] == 2
     assert stats["batches"] == 30
     for batch, copy in zip(kept, early, strict=True):
         assert (batch == copy).all()
@@ -121,7 +121,7 @@ def test_a_batch_held_for_good_leaves_the_others_lent_in_any_order(transport):
     batch is lent.)"""
     first, first_copy, rest, stats = hold_first_batch(collector(transport, total_frames=40 * FPB))
     # more than the two slots a worker may lend at once, one of them held all along
-    assert stats["ring_batches"] >= 3
+    assert stats["lent_batches"] >= 3
     assert (first == first_copy).all()
     check_counting_streams(torch.cat([first_copy, *rest]))
 
@@ -132,7 +132,7 @@ def test_a_lent_batch_survives_close(transport):
     with collector(transport) as c:
         batch = next(iter(c))
         copy = batch.clone()
-        assert c.stats()["ring_batches"] == 1
+        assert c.stats()["lent_batches"] == 1
     assert (batch == copy).all()
     assert batch["observation"].sum() > 0
 
@@ -140,7 +140,7 @@ def test_a_lent_batch_survives_close(transport):
 def test_no_lending_where_a_chunk_is_not_a_batch(transport):
     with collector(transport, transition_chunk_size=32) as c:
         data = torch.cat(list(c))
-        assert c.stats()["ring_batches"] == 0
+        assert c.stats()["lent_batches"] == 0
     check_counting_streams(data)
 
 
@@ -153,7 +153,7 @@ class UnnamedSlots(ThreadQueueTransport):
 def test_no_lending_where_credits_do_not_name_slots():
     with collector(UnnamedSlots()) as c:
         data = torch.cat(list(c))
-        assert c.stats()["ring_batches"] == 0
+        assert c.stats()["lent_batches"] == 0
         assert c.transport.names_slots is False
     check_counting_streams(data)
 
@@ -167,7 +167,7 @@ def test_no_lending_where_credits_do_not_name_slots():
         ({}, "pool"),
         ({"slot_rows": 64}, ""),  # a chunk of every worker is not a batch
         ({"recurrent": True}, ""),  # states are keyed by the env a row belongs to
-        ({"pool_places": 0}, ""),  # the transport does not serve pooled rings
+        ({"pool_slots": 0}, ""),  # the transport does not serve pooled rings
         ({"num_workers": 42}, "pool"),  # 6 blocks of 42 places: 252 of the credits' 256
         ({"num_workers": 43}, ""),  # more places than the transport's credits name
         ({"recurrent": True, "vector": True}, "chunk"),
@@ -191,7 +191,7 @@ def test_how_batches_may_view_the_ring(kwargs, expected):
         "slot_rows": 128,
         "frames_per_batch": 128,
         "recurrent": False,
-        "pool_places": 256,
+        "pool_slots": 256,
         "num_workers": 16,
         "gpu_policy": True,
         **kwargs,
@@ -213,5 +213,5 @@ def test_sixty_four_workers_of_one_env_pool_over_process_slots():
         learning_starts=0, seed=None, max_worker_restarts=0, stall_timeout=None,
     )  # fmt: skip
     assert plan.lend == "pool"
-    assert plan.layout.pooled and plan.layout.places == POOL_BLOCKS * 64
-    assert plan.transport.pool_places >= plan.layout.places
+    assert plan.layout.pooled and plan.layout.credited_slots == POOL_BLOCKS * 64
+    assert plan.transport.pool_slots >= plan.layout.credited_slots

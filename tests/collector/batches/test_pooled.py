@@ -42,10 +42,10 @@ STEPS, ENVS, SLOTS = 3, 2, 4  # a place: 6 rows; two workers: blocks of 12, 8 pl
 
 
 def builder(total_frames=-1):
-    layout = counting_layout(num_workers=2, envs_per_worker=ENVS, chunk_steps=STEPS, slots=SLOTS)
+    layout = counting_layout(num_workers=2, columns=ENVS, chunk_steps=STEPS, slots=SLOTS)
     layout = dataclasses.replace(layout, pooled=True)
     ring = layout.views(bytearray(layout.nbytes))
-    for place in range(layout.places):  # every row of place p says 10 + p
+    for place in range(layout.credited_slots):  # every row of place p says 10 + p
         ring[("step",)][place // SLOTS, place % SLOTS * STEPS :][:STEPS] = 10 + place
     b = PoolBatchBuilder(layout, ring, frames_per_batch=12, total_frames=total_frames, lend="pool")
     return b, ring
@@ -135,14 +135,14 @@ def test_the_time_a_worker_has_no_place_to_write_is_counted(monkeypatch):
     assert b.add_chunk(0, 4) == []  # worker 0 still writes place 6
     clock[0] = 1.0
     assert b.add_chunk(0, 6) == []  # and now has nothing to write
-    assert b.place_wait_seconds == 0.0
+    assert b.slot_wait_seconds == 0.0
     clock[0] = 3.5
-    assert b.place_wait_seconds == 2.5  # still waiting
+    assert b.slot_wait_seconds == 2.5  # still waiting
     # Block 2 copied, its places go to worker 0, first in line for both; worker 1 is
     # in line after it, but still writes place 7: it does not wait.
     assert b.add_chunk(1, 5) == [(0, 4), (0, 5)]
     clock[0] = 10.0
-    assert b.place_wait_seconds == 2.5
+    assert b.slot_wait_seconds == 2.5
     assert steps(kept[0]) == [10] * 6 + [11] * 6
 
 
@@ -153,7 +153,7 @@ def test_a_place_the_worker_was_not_given_is_an_error():
 
 
 def test_a_ring_that_is_not_pooled_is_refused():
-    layout = counting_layout(num_workers=2, envs_per_worker=1, chunk_steps=2, slots=4)
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=2, slots=4)
     ring = layout.views(bytearray(layout.nbytes))
     with pytest.raises(ValueError, match="pooled"):
         PoolBatchBuilder(layout, ring, frames_per_batch=4, total_frames=-1, lend="pool")
@@ -193,7 +193,7 @@ def test_blocks_dropped_as_a_loop_drops_them_keep_being_lent(envs_per_worker, wo
             kept.append(batch.clone())
         stats = c.stats()
     assert stats["batches"] == 30
-    assert stats["ring_batches"] >= 10
+    assert stats["lent_batches"] >= 10
     check_counting_streams(torch.cat(kept))
 
 
@@ -202,7 +202,7 @@ def test_kept_block_batches_stay_intact_and_later_ones_are_copied():
         kept = list(c)
         early = [b.clone() for b in kept]
         stats = c.stats()
-    assert stats["ring_batches"] == POOL_BLOCKS - 2 and stats["batches"] == 12
+    assert stats["lent_batches"] == POOL_BLOCKS - 2 and stats["batches"] == 12
     for batch, copy in zip(kept, early, strict=True):
         assert (batch == copy).all()
     check_counting_streams(torch.cat(kept))
@@ -212,7 +212,7 @@ def test_a_block_batch_held_for_good_leaves_the_others_lent():
     """Batch 0's block stays lent to the end: the other five go round, given out in
     the order they come back."""
     first, first_copy, rest, stats = hold_first_batch(in_step(total_frames=40 * FPB))
-    assert stats["ring_batches"] >= 3
+    assert stats["lent_batches"] >= 3
     assert (first == first_copy).all()
     check_counting_streams(torch.cat([first_copy, *rest]))
 
@@ -221,7 +221,7 @@ def test_a_block_batch_survives_close():
     with in_step() as c:
         batch = next(iter(c))
         copy = batch.clone()
-        assert c.stats()["ring_batches"] >= 1
+        assert c.stats()["lent_batches"] >= 1
     assert (batch == copy).all()
     assert batch["observation"].sum() > 0
 
@@ -230,8 +230,8 @@ def test_places_are_copied_where_a_block_is_not_a_batch():
     with in_step(transition_chunk_size=8, total_frames=8 * FPB) as c:
         data = torch.cat(list(c))
         stats = c.stats()
-    assert stats["ring_batches"] == 0
-    assert stats["place_wait_seconds"] == 0.0  # the ring is not pooled: no places
+    assert stats["lent_batches"] == 0
+    assert stats["slot_wait_seconds"] == 0.0  # the ring is not pooled: no places
     check_counting_streams(data)
 
 
@@ -251,7 +251,7 @@ def test_an_env_stuck_in_its_first_reset_holds_no_other_envs_rows_back(tmp_path)
         while time.monotonic() < deadline:
             rows.append(next(c)["env_index"].clone())
     assert rows and bool((torch.cat(rows) == 0).all()), "env 0 was held back"
-    assert c.stats()["ring_batches"] == 0
+    assert c.stats()["lent_batches"] == 0
     c.shutdown()
     envs.RELEASE_HANGS.set()
     check_clean(c)
@@ -293,7 +293,7 @@ def test_the_server_thread_with_a_gpu_policy_lends_pageable_blocks(transport):
             ups.append(batch.to("cuda", non_blocking=True))
         stats = c.stats()
     torch.cuda.synchronize()
-    assert stats["ring_batches"] >= 10
+    assert stats["lent_batches"] >= 10
     assert stats["server"]["gathers_on_device"]
     for up, copy in zip(ups, copies, strict=True):
         assert (up.cpu() == copy).all()

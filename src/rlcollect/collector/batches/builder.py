@@ -70,7 +70,7 @@ class ChunkBuilder(abc.ABC):
         return 0
 
     @property
-    def place_wait_seconds(self) -> float:
+    def slot_wait_seconds(self) -> float:
         """Seconds workers have had no place of a pooled ring to write, summed over the
         workers, as the driver sees it (``pooled.py``); 0 for other rings."""
         return 0.0

@@ -41,7 +41,7 @@ class BatchBuilder(ChunkBuilder):
         lend: Lending = "",
     ) -> None:
         super().__init__(layout, ring)
-        self._rows_per_chunk = layout.chunk_steps * layout.envs_per_worker
+        self._rows_per_chunk = layout.chunk_steps * layout.columns
         self._batches_lent = 0
         self._loans = self._start_lending(layout, lend, frames_per_batch)
         self._fpb = frames_per_batch

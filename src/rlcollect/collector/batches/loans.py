@@ -94,7 +94,7 @@ def lending(
     slot_rows: int,
     frames_per_batch: int,
     recurrent: bool,
-    pool_places: int,
+    pool_slots: int,
     num_workers: int,
     gpu_policy: bool,
 ) -> Lending:
@@ -112,8 +112,8 @@ def lending(
         frames_per_batch: rows of a batch.
         recurrent: the policy is recurrent: the server keys each env's state by the
             rows its requests name, which a pooled ring does not tie to an env.
-        pool_places: the most places of a pooled ring the transport serves
-            (``Transport.pool_places``).
+        pool_slots: the most places of a pooled ring the transport serves
+            (``Transport.pool_slots``).
         num_workers: the workers.
         gpu_policy: the policy runs on a CUDA device.
     """
@@ -134,7 +134,7 @@ def lending(
         # (inference/step.py, _register), so a caller's batch.to("cuda",
         # non_blocking=True) from a lent batch is staged, done when it returns.
         return ""
-    if recurrent or num_workers * POOL_BLOCKS > pool_places:
+    if recurrent or num_workers * POOL_BLOCKS > pool_slots:
         return ""
     return "pool" if slot_rows == frames_per_batch else ""
 

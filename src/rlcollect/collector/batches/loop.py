@@ -134,14 +134,14 @@ class ChunkLoop:
         )
 
     @property
-    def ring_batches(self) -> int:
+    def lent_batches(self) -> int:
         """Batches handed out as views of their ring slot (``loans.py``)."""
         return self._builder.lent
 
     @property
-    def place_wait_seconds(self) -> float:
+    def slot_wait_seconds(self) -> float:
         """Seconds workers had no place of a pooled ring to write (``pooled.py``)."""
-        return self._builder.place_wait_seconds
+        return self._builder.slot_wait_seconds
 
     @property
     def batch_memory_reuses(self) -> int:

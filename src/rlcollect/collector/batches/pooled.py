@@ -40,7 +40,7 @@ been copied too.
 
 What that wait costs is counted: a worker that has handed over both its places has
 nothing to write until it is given one, and the seconds from its second hand-over to
-then, summed over the workers, are ``stats()["place_wait_seconds"]`` (as the driver
+then, summed over the workers, are ``stats()["slot_wait_seconds"]`` (as the driver
 sees them: each end a pipe's latency late). Copying the written places lets the batch
 go on, but frees no place of a block until its slow place is in too.
 
@@ -98,10 +98,10 @@ class PoolBatchBuilder(BatchBuilder):
                 self._holder[place] = w
         self._written: set[int] = set()  # handed over, not yet taken
         self._taken = [0] * layout.slots  # places of each block copied out
-        self._free: deque[int] = deque(range(2 * width, layout.places))  # whole blocks
+        self._free: deque[int] = deque(range(2 * width, layout.credited_slots))  # whole blocks
         self._wanting: deque[int] = deque()  # workers owed a place, in line
         # A worker owed as many places as it holds at the start has none left to write:
-        # from then until it is given one it waits (place_wait_seconds).
+        # from then until it is given one it waits (slot_wait_seconds).
         self._holds = len(layout.first_credits(0))
         self._owed = [0] * width
         self._waiting_since: dict[int, float] = {}
@@ -109,7 +109,7 @@ class PoolBatchBuilder(BatchBuilder):
         return super()._start_lending(layout, lend, frames_per_batch)
 
     @property
-    def place_wait_seconds(self) -> float:
+    def slot_wait_seconds(self) -> float:
         now = _now()
         # (a tuple first: stats() may read this from another thread than the one adding)
         return self._waited + sum(now - t for t in tuple(self._waiting_since.values()))

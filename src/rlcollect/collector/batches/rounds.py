@@ -63,7 +63,7 @@ class RolloutBuilder(ChunkBuilder):
         total_frames: int,
     ) -> None:
         super().__init__(layout, ring)
-        self._k = layout.envs_per_worker
+        self._k = layout.columns
         self._num_envs = num_envs
         self._workers = layout.num_workers
         # Batches still to build: total_frames is a multiple of frames_per_batch (checked).
