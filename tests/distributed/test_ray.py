@@ -93,9 +93,9 @@ def make(n=4, policy=None, **kwargs):
 
 def actors_dead(c):
     """True once every actor of ``c`` is gone (a call to it fails)."""
-    for m in c._fleet.members:
+    for m in c.collectors():
         try:
-            ray.get(m.handle.ready.remote(), timeout=10)
+            ray.get(m.actor.ready.remote(), timeout=10)
         except ray.exceptions.RayActorError:
             continue
         return False
@@ -107,7 +107,7 @@ def test_exact_batches_env_index_streams_replay_buffer_and_stats(cluster):
     # 5 envs: groups of 3 and 2, batches of 24 cut from actor batches of 14 and 10
     with make(5, frames_per_batch=24, total_frames=250, replay_buffer=rb) as c:
         assert c.num_envs == 5
-        assert len({m.node for m in c._fleet.members}) == 2  # one collector per node
+        assert len({m.node for m in c.collectors()}) == 2  # one collector per node
         batches = [next(c) for _ in range(5)]
         running = c.stats()
         batches.extend(c)
@@ -135,7 +135,7 @@ def test_auto_envs_per_worker_lays_out_each_actor_on_its_own_cores(cluster):
     # cores and puts 2 envs in each of 2 workers, so its policy calls serve whole
     # requests of 2 envs.
     with make(8, envs_per_worker="auto", frames_per_batch=32, total_frames=-1) as c:
-        assert [m.options["num_cpus"] for m in c._fleet.members] == [2, 2]
+        assert [m.options["num_cpus"] for m in c.collectors()] == [2, 2]
         batches = [next(c)]
         deadline = time.monotonic() + 300
         # until both actors' servers have served (one may start late on a busy machine)
@@ -197,7 +197,7 @@ def test_policy_in_each_nodes_workers(cluster):
     policy = ConstantPolicy(1)
     kwargs = {"frames_per_batch": 32, "total_frames": -1, "policy_device": "cpu", "seed": 3}
     with make(4, policy, inference_backend="worker", **kwargs) as c:
-        boards = [n for m in c._fleet.members for n in m.segments if n.startswith("rlcb_")]
+        boards = [n for m in c.collectors() for n in m.segments if n.startswith("rlcb_")]
         assert len(boards) == 2 and all(shm_exists(n) for n in boards)  # one per node
         batches = [next(c) for _ in range(4)]
         with torch.no_grad():
@@ -284,8 +284,8 @@ def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
         with torch.no_grad():
             policy.value.fill_(4)
         assert c.update_policy_weights_(policy) == 1
-        old = c._fleet.members[1].handle
-        left = c._fleet.members[1].segments  # its collector's ring, on this machine
+        old = c.collectors()[1].actor
+        left = c.collectors()[1].segments  # its collector's ring, on this machine
         assert left and all(shm_exists(name) for name in left)
         ray.kill(old)
         after = torch.zeros(4, dtype=torch.long)
@@ -299,12 +299,12 @@ def test_a_killed_collector_is_restarted_with_exact_accounting(cluster):
                 # a hang guard, not a speed bound: collector 0 streams on (any number of
                 # batches) while the new actor starts, slowly on a busy machine
                 assert time.monotonic() < deadline, "the restarted collector delivers nothing"
-        assert c._fleet.members[1].handle is not old
+        assert c.collectors()[1].actor is not old
         assert not any(shm_exists(name) for name in left), "a killed actor's ring is left"
         stats = c.stats()
         assert stats["frames"] == 16 * len(batches)  # every batch exact; only delivered rows
         # past max_collector_restarts: the error names the collector and its envs
-        ray.kill(c._fleet.members[0].handle)
+        ray.kill(c.collectors()[0].actor)
         deadline = time.monotonic() + 300
         with pytest.raises(WorkerError, match=r"collector 0 \(envs 0-1, on .*\) was lost") as info:
             # a hang guard, not a speed bound: collector 1 streams on (any number of

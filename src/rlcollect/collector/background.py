@@ -68,14 +68,9 @@ class Background:
 
     @contextlib.contextmanager
     def iterating(self) -> Iterator[None]:
-        """The caller's thread iterates for the ``with`` block: refused while collecting
-        in the background, paused, or iterated by another thread (whose batch this call
-        would tear apart)."""
-        if self._thread is not None:
-            raise CollectorError(
-                "the collector is collecting in the background (start() was called): "
-                "sample from its replay buffer instead of iterating"
-            )
+        """The caller's thread iterates for the ``with`` block: refused while paused, or
+        iterated by another thread (whose batch this call would tear apart). Refused in
+        the background stage too: that is the lifecycle's (``lifecycle.py``)."""
         if self.pause_requested.is_set():
             raise CollectorError("the collector is paused: iterate after the pause() block")
         if not self._iterating.acquire(blocking=False):

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from rlcollect.inference.backend import BackendChoice
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
 from rlcollect.transports.process_slots import ProcessSlotTransport
@@ -27,7 +28,6 @@ from rlcollect.transports.thread_queue import ThreadQueueTransport
 from rlcollect.worker.source import Source
 
 __all__ = [
-    "BACKENDS",
     "cgroup_cpu_quota",
     "check_env_fns",
     "check_int",
@@ -44,6 +44,7 @@ __all__ = [
     "is_auto",
     "make_transport",
     "on_policy_steps",
+    "policy_lag_of",
     "policy_source",
     "splits_of",
     "throttle_of",
@@ -55,7 +56,6 @@ _TRANSPORTS: dict[str, Callable[[], Transport]] = {
     "thread": ThreadQueueTransport,
     "process_slots": ProcessSlotTransport,
 }
-BACKENDS = ("thread", "process", "worker")
 _AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
 
 
@@ -139,7 +139,9 @@ def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
     return list(env_fns)
 
 
-def policy_source(policy: Any, factory: Any, backend: Any, transport: Transport) -> Any:
+def policy_source(
+    policy: Any, factory: Any, backend: type[BackendChoice], transport: Transport
+) -> Any:
     """Check the policy arguments against the backend; returns what builds the policy."""
     if (policy is None) == (factory is None):
         raise TypeError("give exactly one of policy and policy_factory")
@@ -147,23 +149,21 @@ def policy_source(policy: Any, factory: Any, backend: Any, transport: Transport)
         raise TypeError(
             f"policy_factory must be a zero-argument callable, got {type(factory).__name__}"
         )
-    if backend not in BACKENDS:
-        raise ValueError(f"inference_backend must be one of {list(BACKENDS)}, got {backend!r}")
     source: Any = policy if policy is not None else factory
-    if backend == "process" and not transport.supports_request_channel:
+    if backend.needs_request_channel and not transport.supports_request_channel:
         raise ValueError(
-            "inference_backend='process' needs transport='process_slots': the inference "
-            "process serves the workers through their shared-memory ring"
+            f"inference_backend={backend.name!r} needs transport='process_slots': the "
+            "inference process serves the workers through their shared-memory ring"
         )
-    if backend in ("process", "worker"):
+    if backend.policy_travels_to is not None:
         what = "policy" if policy is not None else "policy_factory"
-        where = "the inference process" if backend == "process" else "the env workers"
         try:
             cloudpickle.dumps(source)
         except Exception as exc:
             raise TypeError(
-                f"{what} cannot be pickled for {where} ({type(exc).__name__}: "
-                f"{exc}); make it picklable or use inference_backend='thread'"
+                f"{what} cannot be pickled for {backend.policy_travels_to} "
+                f"({type(exc).__name__}: {exc}); make it picklable or use "
+                "inference_backend='thread'"
             ) from exc
     return source
 
@@ -229,13 +229,18 @@ def info_keys_of(info_keys: Any) -> tuple[str, ...]:
     return names
 
 
-def check_policy_lag(policy_lag: object, on_policy: bool) -> None:
-    """``policy_lag`` is 0, or 1 with ``on_policy=True``."""
+def policy_lag_of(policy_lag: Any) -> int:
+    """``policy_lag``, 0 or 1."""
     if isinstance(policy_lag, bool) or policy_lag not in (0, 1):
         raise ValueError(
             f"policy_lag must be 0 (each on-policy round starts when its batch is asked for) "
             f"or 1 (the next round starts as soon as a batch is handed out), got {policy_lag!r}"
         )
+    return int(policy_lag)
+
+
+def check_policy_lag(policy_lag: int, on_policy: bool) -> None:
+    """``policy_lag=1`` only with ``on_policy=True``."""
     if policy_lag and not on_policy:
         raise ValueError(
             "policy_lag=1 needs on_policy=True: it starts the next on-policy round while the "
@@ -299,8 +304,8 @@ def on_policy_steps(
 def splits_of(
     worker_splits: int | str | None, envs_per_worker: int, source: Source, device: torch.device
 ) -> int:
-    """Request groups per worker: ``worker_splits``, its default, or for ``"auto"`` the
-    fewest groups above one where the policy runs on a GPU, and one group elsewhere."""
+    """Request splits per worker: ``worker_splits``, its default, or for ``"auto"`` the
+    fewest splits above one where the policy runs on a GPU, and one split elsewhere."""
     if source.vector:
         if not (worker_splits in (None, envs_per_worker) or is_auto(worker_splits)):
             raise ValueError(
@@ -310,16 +315,15 @@ def splits_of(
             )
         return envs_per_worker
     if is_auto(worker_splits):
-        # With the policy on a GPU, a group steps while another's request is served: 64
-        # Pong envs in workers of 4 ran 1.20-1.24x faster in two groups than in one on
-        # the H200 (three runs). More groups than needed make smaller requests. On the CPU the
-        # server's time is the envs' cores' and splitting never paid (docs/tuning.md,
-        # worker_splits).
+        # With the policy on a GPU, one split steps while another's request is served,
+        # hiding the server's latency behind env steps; more splits than needed only
+        # make smaller requests. On the CPU the server's time is the envs' own cores',
+        # so there is nothing to hide (docs/tuning.md, worker_splits).
         if device.type != "cuda" or envs_per_worker == 1:
             return 1
         return next(d for d in range(2, envs_per_worker + 1) if envs_per_worker % d == 0)
-    # Default 1: on the 2-core development machine, with the policy on the CPU, splitting
-    # never paid (docs/tuning.md, worker_splits).
+    # Default 1: with the policy on the CPU, splitting has nothing to hide
+    # (docs/tuning.md, worker_splits).
     return 1 if worker_splits is None else int(worker_splits)
 
 

@@ -9,24 +9,20 @@
 
 The collector is a façade over its parts, each in a module of its own:
 
-* ``plan.py``: the arguments checked, env 0 and the policy probed, the ring laid out,
-  the workers' specs written: a frozen :class:`~rlcollect.collector.plan.Plan` that has
-  started nothing;
-* the transport (``transports/``) runs the workers; ``inference/backend.py`` starts the
-  inference server, in this process or in its own;
-* ``batches/loop.py``: chunks into exact batches, worker restarts
-  (``batches/restarts.py``);
-* ``background.py``: the background thread, pause, and the ``train_ratio`` throttle;
-* ``facade.py``: iteration, ``start``/``join``/``pause``/``shutdown``, shared with
-  ``RayCollector``.
+* ``options.py``: every keyword argument, defined once (default, type, check, help);
+* ``plan.py``: the arguments checked, env 0 and the policy probed, the backend and the
+  delivery chosen, the ring laid out, the workers' specs written: a frozen
+  :class:`~rlcollect.collector.plan.Plan` that has started nothing;
+* ``start.py``: the parts started from the plan (the backend in two phases around the
+  transport's workers) and the chunk loop built (``batches/``);
+* ``lifecycle.py``, ``background.py``, ``facade.py``: the stages, the background
+  thread, pause, and iteration, shared with ``RayCollector``.
 
-Every argument is described in ``docs/usage.md``.
+Every argument: ``docs/arguments.md``; how they work together: ``docs/usage.md``.
 """
 
 from __future__ import annotations
 
-import errno
-import resource
 import threading
 import time
 import weakref
@@ -38,14 +34,14 @@ import torch
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import Pausable
 from rlcollect.collector.batches.ahead import PauseBetweenRounds, RoundAhead
-from rlcollect.collector.batches.loop import ChunkLoop
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.facade import CollectorFacade
+from rlcollect.collector.lifecycle import Stage
+from rlcollect.collector.options import Options
 from rlcollect.collector.plan import plan_collection
+from rlcollect.collector.start import chunk_loop, start_serving
 from rlcollect.errors import CollectorError
-from rlcollect.inference.backend import start_backend
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.inference.in_worker_policy import InWorkerBackend
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -87,9 +83,9 @@ class AsyncBatchedCollector(CollectorFacade):
         envs_per_worker: env factories per worker, a divisor of ``len(env_fns)``; or
             ``"auto"``: the divisor that leaves about one worker per usable core (one
             env each while envs are fewer than cores; ``docs/tuning.md``).
-        worker_splits: request groups per worker (double buffering); divides
+        worker_splits: request splits per worker (double buffering); divides
             ``envs_per_worker``; None: 1 (with vector envs: ``envs_per_worker``);
-            ``"auto"``: the fewest groups above one with the policy on a GPU, 1 on
+            ``"auto"``: the fewest splits above one with the policy on a GPU, 1 on
             the CPU.
         transition_chunk_size: transitions per worker message, a multiple of the envs
             a worker steps, or ``"auto"`` (``frames_per_batch // num_envs`` steps of each
@@ -137,7 +133,7 @@ class AsyncBatchedCollector(CollectorFacade):
         frames_per_batch: as given.
         total_frames: as given (-1: endless).
         envs_per_worker: env factories per worker, resolved.
-        worker_splits: request groups per worker, resolved.
+        worker_splits: request splits per worker, resolved.
         transition_chunk_size: transitions per worker message, resolved.
         policy_lag: as given (0 or 1).
         policy_device: the ``torch.device`` the policy is served on.
@@ -233,85 +229,26 @@ class AsyncBatchedCollector(CollectorFacade):
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._ahead: RoundAhead | None = None  # policy_lag=1 only
         self._shutdown_lock = threading.Lock()
-        plan = plan_collection(
-            env_fns,
-            policy,
-            policy_factory=policy_factory,
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            transport=transport,
-            envs_per_worker=envs_per_worker,
-            worker_splits=worker_splits,
-            transition_chunk_size=transition_chunk_size,
-            max_batch_size=max_batch_size,
-            min_batch_size=min_batch_size,
-            batch_timeout=batch_timeout,
-            policy_device=policy_device,
-            compile=compile,
-            cuda_graph=cuda_graph,
-            inference_backend=inference_backend,
-            replay_buffer=replay_buffer,
-            train_ratio=train_ratio,
-            learning_starts=learning_starts,
-            seed=seed,
-            max_worker_restarts=max_worker_restarts,
-            stall_timeout=stall_timeout,
-            store_recurrent_state=store_recurrent_state,
-            on_policy=on_policy,
-            info_keys=info_keys,
-            policy_lag=policy_lag,
-        )
+        # Every keyword above is a field of Options (options.py): one definition of each.
+        plan = plan_collection(env_fns, policy, Options.of(locals()))
         self.num_envs = plan.num_envs
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
         self.envs_per_worker = plan.envs_per_worker
         self.worker_splits = plan.layout.splits
         self.transition_chunk_size = plan.transition_chunk_size
-        self.policy_lag = plan.policy_lag
+        self.policy_lag = plan.options.policy_lag
         self.policy_device = plan.device
         self.observation_space = plan.source.observation_space
         self.action_space = plan.source.action_space
         self.transport: Transport = plan.transport
         self._replay_buffer = replay_buffer
         self._started, self._cpu_started = time.perf_counter(), time.process_time()
-        self._transport, self._closed = plan.transport, False
+        self._transport = plan.transport
+        self._lifecycle.move(Stage.OPEN)
         claim_transport(plan.transport)
         try:
-            if plan.backend == "worker":
-                # The workers serve themselves: their weights board exists before they do.
-                assert plan.served is not None
-                backend = InWorkerBackend(
-                    plan.inference,
-                    plan.policy_source,
-                    policy_is_factory=plan.policy_is_factory,
-                    initial=plan.served.state_dict(),
-                )
-                self.server = backend
-                local = backend.local_policy()
-                end = plan.transport.start(plan.layout, plan.programs(local))
-            else:
-                local = None
-                end = plan.transport.start(plan.layout, plan.programs())
-                self.server = start_backend(
-                    plan.backend,
-                    plan.inference,
-                    served=plan.served,
-                    policy_source=plan.policy_source,
-                    policy_is_factory=plan.policy_is_factory,
-                    transport=plan.transport,
-                    end=end,
-                )
-        except OSError as exc:
-            self.shutdown()
-            if exc.errno != errno.EMFILE:
-                raise
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            raise CollectorError(
-                f"ran out of file descriptors starting {plan.layout.num_workers} workers "
-                f"(this process may open {limit}; a worker process takes about 5 here): "
-                "raise the limit (ulimit -n, or resource.setrlimit(resource.RLIMIT_NOFILE, "
-                "...)) or put more envs in each worker (envs_per_worker)"
-            ) from exc
+            end, self.server, program = start_serving(plan)
         except BaseException:
             self.shutdown()
             raise
@@ -321,9 +258,9 @@ class AsyncBatchedCollector(CollectorFacade):
         self._finalizer = weakref.finalize(
             self, _shutdown_parts, plan.transport, self.server, self._background.stopping
         )
-        self._chunks = ChunkLoop.for_plan(plan, end, self.server, self._background, local)
+        self._chunks = chunk_loop(plan, end, self.server, self._background, program)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
-        if plan.policy_lag:
+        if plan.options.policy_lag:
             chunks = self._chunks
             self._ahead = RoundAhead(chunks.produce, lambda: chunks.exhausted)
 
@@ -345,9 +282,8 @@ class AsyncBatchedCollector(CollectorFacade):
 
     def _release(self) -> None:
         with self._shutdown_lock:
-            if self._closed and self._transport is None:
+            if self._lifecycle.move(Stage.CLOSED) is Stage.CLOSED:
                 return
-            self._closed = True
             server, transport = self.server, self._transport
             self._transport = None
         _shutdown_parts(transport, server)
@@ -379,7 +315,8 @@ class AsyncBatchedCollector(CollectorFacade):
         Example: ``docs/usage.md``, *Weights*.
         """
         self._background.raise_error()
-        if self._closed or self.server is None:
+        self._lifecycle.refuse("update")
+        if self.server is None:
             raise CollectorError("the collector is shut down")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
         gate = self._chunks.gate
@@ -392,7 +329,7 @@ class AsyncBatchedCollector(CollectorFacade):
 
     def _check_alive(self) -> None:
         self._background.raise_error()
-        if self._closed:
+        if self._lifecycle.closed:
             raise CollectorError("the collector was shut down while an update waited")
 
     def stats(self) -> dict[str, Any]:

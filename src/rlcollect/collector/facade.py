@@ -4,6 +4,8 @@
 their batches differently and hand them over the same way; :class:`CollectorFacade`
 holds that way, so that the two cannot drift apart:
 
+* the lifecycle is one stage (``lifecycle.py``: starting, open, background, closed),
+  and what a stage refuses is refused from one table;
 * ``next()`` is refused while collecting in the background, paused or iterated by
   another thread (``background.py``); an error shuts the collector down, and so does
   the end of the budget, before ``StopIteration``;
@@ -29,6 +31,7 @@ from typing import TypeVar
 
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import Background, Pausable, Throttle, wait_to_sample
+from rlcollect.collector.lifecycle import Lifecycle, Stage
 from rlcollect.errors import CollectorError
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.replay.sink import SupportsExtend
@@ -51,7 +54,8 @@ class CollectorFacade(abc.ABC):
     _cpu_started: float
 
     def __init__(self) -> None:
-        self._closed = True  # until everything is up: shutdown() must work at any point
+        # STARTING until everything is up: shutdown() must work at any point.
+        self._lifecycle = Lifecycle()
         self._background = Background()
 
     # ------------------------------------------------------------------ provided by each
@@ -81,6 +85,7 @@ class CollectorFacade(abc.ABC):
 
     def __next__(self) -> TensorDict:
         self._background.raise_error()
+        self._lifecycle.refuse("iterate")
         with self._background.iterating():
             try:
                 batch = self._produce()
@@ -94,7 +99,7 @@ class CollectorFacade(abc.ABC):
 
     def _produce(self) -> TensorDict | None:
         """The next batch, already written to the replay buffer; None once the budget is met."""
-        if self._closed:
+        if self._lifecycle.closed:
             if self.total_frames != -1 and self._frames >= self.total_frames:
                 return None
             raise CollectorError("the collector is shut down")
@@ -127,15 +132,13 @@ class CollectorFacade(abc.ABC):
         Example: ``docs/usage.md``, *Background collection*.
         """
         self._background.raise_error()
-        if self._closed:
-            raise CollectorError("the collector is shut down")
+        self._lifecycle.refuse("start")
         if self._replay_buffer is None:
             raise CollectorError(
                 "start() collects into the replay buffer, and this collector has none: "
                 "pass replay_buffer= or iterate over the collector instead"
             )
-        if self._background.started:
-            raise CollectorError("the collector is already collecting in the background")
+        self._lifecycle.enter("start", Stage.BACKGROUND)
         self._background.start(self._produce, self._release)
 
     def join(self, timeout: float | None = None) -> bool:
@@ -190,7 +193,8 @@ class CollectorFacade(abc.ABC):
         Example: ``docs/usage.md``, *Background collection*.
         """
         self._background.raise_error()
-        held = None if self._closed else self._pausable()
+        self._lifecycle.refuse("pause")
+        held = self._pausable()
         if held is None:
             raise CollectorError("the collector is shut down")
         with self._background.paused(held, timeout):

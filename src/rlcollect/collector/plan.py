@@ -1,36 +1,32 @@
 """The collection plan: every decision the collector makes before it starts anything.
 
-:func:`plan_collection` checks the constructor's arguments (``checks.py``, in a fixed
-order), builds env 0 and runs the policy once (``probe.py``), lays the ring out from
-what it learned, writes one :class:`~rlcollect.worker.spec.WorkerSpec` per worker and
-the configuration the inference backend is built from. The :class:`Plan` it returns is
-frozen and has started nothing: no worker, no thread, no shared memory. The collector
-(``collector.py``) starts the parts from it.
+:func:`plan_collection` checks the arguments (each value alone: ``options.py``; values
+together: ``checks.py``), builds env 0 and runs the policy once (``probe.py``), and then
+decides, once, everything the parts would otherwise branch on:
 
-Names, one meaning each (``docs/architecture.md`` has the picture):
+* the inference backend (``inference/backend.py``: what the workers run, who serves),
+* the delivery (``batches/delivery.py``: copied, lent chunks, a pooled ring, or
+  on-policy rounds, with the ring's slots),
+* the ring's layout, one :class:`~rlcollect.worker.spec.WorkerSpec` per worker and the
+  configuration the backend builds its server from.
 
-* ``envs_per_worker``: env *factories* per worker (the argument);
-  ``RingLayout.columns`` / :attr:`Plan.worker_envs`: the envs a worker *steps*,
-  its ring columns (``envs_per_worker`` times the sub-envs of a vector env).
-* ``worker_splits`` (the argument) is ``RingLayout.splits``: request groups per worker.
-* ``transition_chunk_size`` counts *transitions* per chunk (all of a worker's envs);
-  ``chunk_steps`` counts *steps of each env* per chunk:
-  ``transition_chunk_size == chunk_steps * worker_envs``.
+The :class:`Plan` it returns is frozen and has started nothing: no worker, no thread, no
+shared memory. ``start.py`` starts the parts from it. The words (column, split, chunk,
+slot, delivery, ...) are defined once in ``docs/architecture.md``, *Terminology*.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from gymnasium import spaces
 
 from rlcollect.collector import checks
-from rlcollect.collector.batches.loans import LEND_SLOTS, POOL_BLOCKS, Lending, lending
-from rlcollect.collector.batches.restarts import RESTART_SLOTS
+from rlcollect.collector.batches.delivery import Delivery, choose_delivery
+from rlcollect.collector.options import Options
 from rlcollect.collector.probe import (
     build_policy,
     observation_fields,
@@ -39,59 +35,35 @@ from rlcollect.collector.probe import (
     probe_runner,
     served_policy,
 )
+from rlcollect.inference.backend import BackendChoice, backend_kind, choose_backend
 from rlcollect.inference.config import InferenceConfig, WeightsLayout
-from rlcollect.inference.in_worker_policy import InWorkerPolicy, run_worker_with_policy
-from rlcollect.inference.policy import output_fields
+from rlcollect.inference.policy import PolicyRunner, output_fields
 from rlcollect.inference.recurrent import state_fields
 from rlcollect.inference.server import BatchingConfig
 from rlcollect.replay.counting import CountsSamples
-from rlcollect.replay.sink import SupportsExtend
-from rlcollect.transports.base import Transport, WorkerProgram
-from rlcollect.transports.layout import RingLayout, Staging
-from rlcollect.worker.loop import run_worker
+from rlcollect.transports.base import Transport
+from rlcollect.transports.layout import Field, Path, RingLayout, Staging
 from rlcollect.worker.source import Source
 from rlcollect.worker.spec import IS_INIT, WorkerSpec, transition_fields
 
-__all__ = ["Plan", "plan_collection", "program"]
-
-_SLOTS = 2  # chunk slots per worker: one being filled while the driver copies the other
-_ROUND_SLOTS = 1  # on-policy: a worker's one round, which the driver gives back to start
-# the next (collector/batches/rounds.py)
+__all__ = ["Plan", "plan_collection"]
 
 
 @dataclass(frozen=True)
 class Plan:
     """What to start, decided once. Starts nothing; holds no resource but the served
-    policy (thread backend) and the transport object (not yet started)."""
+    policy (in its backend choice) and the transport object (not yet started)."""
 
+    options: Options  # as checked
     num_envs: int
-    frames_per_batch: int
-    total_frames: int
     transport: Transport
     source: Source
     layout: RingLayout
     specs: tuple[WorkerSpec, ...]
     device: torch.device
-    backend: str  # "thread" | "process" | "worker"
-    inference: InferenceConfig
-    #: The policy served in this process (``backend == "thread"``), or the weights the
-    #: workers start from (``"worker"``); None for ``"process"``.
-    served: torch.nn.Module | None
-    #: What the inference process, or each worker, builds the policy from.
-    policy_source: Any
-    policy_is_factory: bool
-    replay_buffer: SupportsExtend | None
+    backend: BackendChoice
+    delivery: Delivery
     throttle: tuple[float, CountsSamples] | None  # (train_ratio, the buffer that counts)
-    learning_starts: int
-    max_worker_restarts: int
-    stall_timeout: float | None
-    on_policy: bool = False
-    #: On-policy only: 1 starts round k+1 when batch k is handed out (``batches/ahead.py``).
-    policy_lag: int = 0
-    #: Batches are views of the ring, lent until let go (``batches/loans.py``): ``"chunk"``,
-    #: one worker's chunk is a batch; ``"pool"``, one block of a pooled ring is; ``""``,
-    #: every batch is copied out.
-    lend: Lending = ""
 
     @property
     def envs_per_worker(self) -> int:
@@ -99,271 +71,274 @@ class Plan:
         return len(self.specs[0].env_fns)
 
     @property
-    def worker_envs(self) -> int:
-        """Envs each worker steps (its ring columns)."""
-        return self.layout.columns
-
-    @property
     def transition_chunk_size(self) -> int:
         """Transitions per worker message."""
         return self.layout.chunk_steps * self.layout.columns
 
-    def programs(self, local: InWorkerPolicy | None = None) -> list[WorkerProgram]:
-        """What each worker runs (see :func:`program`)."""
-        return [program(spec, local) for spec in self.specs]
+
+class _Arguments(NamedTuple):
+    """The arguments as the plan uses them, checked together."""
+
+    env_fns: list[Callable[[], Any]]
+    envs_per_worker: int
+    transport: Transport
+    backend: type[BackendChoice]
+    device: torch.device
+    compile_options: dict[str, Any] | None
+    policy_source: Any
+    throttle: tuple[float, CountsSamples] | None
 
 
-def program(spec: WorkerSpec, local: InWorkerPolicy | None) -> WorkerProgram:
-    """What the worker of ``spec`` runs: the worker loop, with its own copy of the policy
-    when ``local`` says how to build it (``inference_backend="worker"``)."""
-    if local is not None:
-        return functools.partial(run_worker_with_policy, spec=spec, policy=local)
-    return functools.partial(run_worker, spec=spec)
+class _Probed(NamedTuple):
+    """What env 0 and one call of the policy told."""
+
+    source: Source
+    info_fields: tuple[Field, ...]
+    paths: tuple[Path, ...]
+    obs_fields: tuple[Field, ...]
+    served: torch.nn.Module
+    runner: PolicyRunner
+    action_field: Field
+    extra_fields: tuple[Field, ...]
 
 
 def plan_collection(
-    env_fns: Sequence[Callable[[], Any]],
-    policy: torch.nn.Module | None,
-    *,
-    policy_factory: Callable[[], torch.nn.Module] | None,
-    frames_per_batch: int,
-    total_frames: int,
-    transport: str | Transport,
-    envs_per_worker: int | str,
-    worker_splits: int | str | None,
-    transition_chunk_size: int | str,
-    max_batch_size: int | None,
-    min_batch_size: int,
-    batch_timeout: float,
-    policy_device: str | torch.device | None,
-    compile: bool | Mapping[str, Any],
-    cuda_graph: bool,
-    inference_backend: str,
-    replay_buffer: SupportsExtend | None,
-    train_ratio: float | None,
-    learning_starts: int,
-    seed: int | None,
-    max_worker_restarts: int,
-    stall_timeout: float | None,
-    store_recurrent_state: bool = True,
-    on_policy: bool = False,
-    info_keys: Sequence[str] = (),
-    policy_lag: int = 0,
+    env_fns: Sequence[Callable[[], Any]], policy: torch.nn.Module | None, options: Options
 ) -> Plan:
     """Check the collector's arguments, probe env 0 and the policy, and lay out the run
     (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
-    env_fns = checks.check_env_fns(env_fns)
-    checks.check_int("frames_per_batch", frames_per_batch, minimum=1)
-    if total_frames != -1:
-        checks.check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
-    envs_per_worker = checks.envs_per_worker_of(
-        envs_per_worker, len(env_fns), checks.usable_cores()
+    fns = checks.check_env_fns(env_fns)
+    o = options.checked()
+    args = _check_together(fns, policy, o)
+    probed = _probe(args, policy, o)
+    source = probed.source
+    splits = checks.splits_of(o.worker_splits, args.envs_per_worker, source, args.device)
+    num_envs = len(fns) * source.envs
+    columns = args.envs_per_worker * source.envs
+    chunk_steps = _chunk_steps(o, args, source, num_envs, columns)
+    recurrent = probed.runner.initial_state is not None
+    num_workers = len(fns) // args.envs_per_worker
+    delivery = choose_delivery(
+        on_policy=o.on_policy,
+        restarts=o.max_worker_restarts > 0,
+        vector=source.vector,
+        names_slots=args.transport.names_slots,
+        lends_pooled_blocks=args.backend.lends_pooled_blocks_with(args.device),
+        recurrent=recurrent,
+        worker_rows=chunk_steps * columns,
+        block_rows=chunk_steps * num_envs,
+        frames_per_batch=o.frames_per_batch,
+        num_workers=num_workers,
+        pool_slots=args.transport.pool_slots,
     )
-    if worker_splits is not None and not checks.is_auto(worker_splits):
-        checks.check_int("worker_splits", worker_splits, minimum=1, extra='or None, or "auto"')
-        if envs_per_worker % int(worker_splits):
-            raise ValueError(
-                f"worker_splits={worker_splits} does not divide envs_per_worker="
-                f"{envs_per_worker}: a worker's envs split into equal groups"
-            )
-    if seed is not None:
-        checks.check_int("seed", seed, minimum=0, extra="or None")
-    if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-        raise TypeError(
-            f"replay_buffer must have an extend(tensordict) method; got "
-            f"{type(replay_buffer).__name__}"
+    checks.warn_of_thread_oversubscription(num_workers)
+    layout = _layout(o, probed, delivery, num_workers, columns, chunk_steps, splits)
+    config = _inference_config(o, args, probed, layout, num_envs)
+    specs = tuple(
+        WorkerSpec(
+            env_fns=tuple(fns[w * args.envs_per_worker : (w + 1) * args.envs_per_worker]),
+            env_offset=w * columns,
+            seed=o.seed,
+            chunk_steps=chunk_steps,
+            slots=layout.credited_slots,
+            source=source,
+            observation_paths=probed.paths,
+            discrete_actions=isinstance(source.action_space, spaces.Discrete),
+            splits=splits,
+            on_policy=o.on_policy,
+            info_keys=tuple(o.info_keys),
         )
-    throttle = checks.throttle_of(train_ratio, learning_starts, replay_buffer)
-    transport_obj = checks.make_transport(transport)
-    if transport_obj.pickles_programs:
+        for w in range(num_workers)
+    )
+    backend = choose_backend(
+        args.backend.name,
+        config,
+        served=probed.served,
+        policy_source=args.policy_source,
+        policy_is_factory=policy is None,
+    )
+    return Plan(
+        options=o,
+        num_envs=num_envs,
+        transport=args.transport,
+        source=source,
+        layout=layout,
+        specs=specs,
+        device=args.device,
+        backend=backend,
+        delivery=delivery,
+        throttle=args.throttle,
+    )
+
+
+def _check_together(
+    env_fns: list[Callable[[], Any]], policy: torch.nn.Module | None, o: Options
+) -> _Arguments:
+    """The checks of values together, before any env or policy is built."""
+    envs_per_worker = checks.envs_per_worker_of(
+        o.envs_per_worker, len(env_fns), checks.usable_cores()
+    )
+    splits = o.worker_splits
+    if splits is not None and not checks.is_auto(splits) and envs_per_worker % int(splits):
+        raise ValueError(
+            f"worker_splits={splits} does not divide envs_per_worker="
+            f"{envs_per_worker}: a worker's envs split into equal groups"
+        )
+    throttle = checks.throttle_of(o.train_ratio, o.learning_starts, o.replay_buffer)
+    transport = checks.make_transport(o.transport)
+    if transport.pickles_programs:
         checks.check_picklable(env_fns)
-    if inference_backend == "worker" and policy_device is None:
-        policy_device = "cpu"  # the workers' own cores: the only place it can run
-    device = checks.device_of(policy_device)
-    compile_options = checks.compile_options_of(compile)
-    if not isinstance(cuda_graph, bool):
-        raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
-    if device.type != "cuda" and (compile_options is not None or cuda_graph):
+    backend = backend_kind(o.inference_backend)
+    device = checks.device_of(
+        "cpu" if backend.in_workers and o.policy_device is None else o.policy_device
+    )
+    compile_options = checks.compile_options_of(o.compile)
+    if device.type != "cuda" and (compile_options is not None or o.cuda_graph):
         raise ValueError(
             f"compile and cuda_graph need a CUDA policy_device; the policy runs on {device}"
         )
-    source_of_policy = checks.policy_source(
-        policy, policy_factory, inference_backend, transport_obj
-    )
-    checks.check_int("max_worker_restarts", max_worker_restarts, minimum=0)
-    stall_timeout = checks.check_stall_timeout(stall_timeout)
-    if not isinstance(store_recurrent_state, bool):
+    source_of_policy = checks.policy_source(policy, o.policy_factory, backend, transport)
+    checks.check_policy_lag(o.policy_lag, o.on_policy)
+    if o.max_worker_restarts and not transport.supports_restart:
         raise ValueError(
-            f"store_recurrent_state must be True or False, got {store_recurrent_state!r}"
-        )
-    if not isinstance(on_policy, bool):
-        raise ValueError(f"on_policy must be True or False, got {on_policy!r}")
-    checks.check_policy_lag(policy_lag, on_policy)
-    names = checks.info_keys_of(info_keys)
-    if max_worker_restarts and not transport_obj.supports_restart:
-        raise ValueError(
-            f"max_worker_restarts={max_worker_restarts}, but the transport "
-            f"{type(transport_obj).__name__} cannot restart workers (supports_restart "
+            f"max_worker_restarts={o.max_worker_restarts}, but the transport "
+            f"{type(transport).__name__} cannot restart workers (supports_restart "
             "is False)"
         )
-
-    if inference_backend == "worker":
-        checks.check_worker_inference(device, max_batch_size, min_batch_size)
-        if not transport_obj.pickles_programs and (compile_options is not None or cuda_graph):
+    if backend.in_workers:
+        checks.check_worker_inference(device, o.max_batch_size, o.min_batch_size)
+        if not transport.pickles_programs and (compile_options is not None or o.cuda_graph):
             # Each worker compiles or captures its own step as it starts; threads of one
             # process would do so at the same time, and a CUDA graph capture in one
-            # thread fails another thread's GPU work (seen on the H200).
+            # thread fails another thread's GPU work.
             raise ValueError(
                 "inference_backend='worker' with compile or cuda_graph needs worker "
                 "processes (transport='process_slots'): worker threads of one process "
                 "would compile and capture the policy at the same time"
             )
-    source, info_fields = probe_env(env_fns[0], names, stall_timeout)
-    if max_worker_restarts and source.vector:
+    return _Arguments(
+        env_fns,
+        envs_per_worker,
+        transport,
+        backend,
+        device,
+        compile_options,
+        source_of_policy,
+        throttle,
+    )
+
+
+def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Probed:
+    """Build env 0 and call the policy once: the ring's fields come from them."""
+    source, info_fields = probe_env(args.env_fns[0], tuple(o.info_keys), o.stall_timeout)
+    if o.max_worker_restarts and source.vector:
         raise ValueError(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
             "chunks do not hold every sub-env's last transition to end its episode at"
         )
-    splits = checks.splits_of(worker_splits, envs_per_worker, source, device)
-    num_envs = len(env_fns) * source.envs
-    worker_envs = envs_per_worker * source.envs
-    if on_policy:
-        chunk_steps = checks.on_policy_steps(
-            frames_per_batch=frames_per_batch,
-            total_frames=total_frames,
-            num_envs=num_envs,
-            chunk=transition_chunk_size,
-            worker_envs=worker_envs,
-            source=source,
-            max_worker_restarts=max_worker_restarts,
-        )
-    else:
-        chunk_steps = checks.chunk_steps_of(
-            transition_chunk_size, frames_per_batch, num_envs, envs_per_worker, source
-        )
-    batching = BatchingConfig(
-        max_batch_size=num_envs if max_batch_size is None else max_batch_size,
-        min_batch_size=min_batch_size,
-        batch_timeout=batch_timeout,
-        # Half: the envs that did start are served well before a stuck one is reported
-        # (counted from the first request: see BatchingConfig).
-        first_round_timeout=None if stall_timeout is None else stall_timeout / 2,
-    )
     paths, obs_fields = observation_fields(source.observation_space)
     if policy is not None:
-        served = served_policy(policy, device, own=False)
+        served = served_policy(policy, args.device, own=False)
     else:
-        served = served_policy(build_policy(source_of_policy), device, own=True)
-    runner = probe_runner(served, device, paths)
+        served = served_policy(build_policy(args.policy_source), args.device, own=True)
+    runner = probe_runner(served, args.device, paths)
     action_field, extra_fields = output_fields(
         probe_policy(runner, source.observation_space, paths), source.action_space
     )
-    recurrent = runner.initial_state is not None
-    if recurrent and inference_backend == "worker":
+    if runner.initial_state is not None and args.backend.in_workers:
         raise ValueError(
             "inference_backend='worker' serves feed-forward policies; this policy is "
             "recurrent (it has initial_state()): use inference_backend='thread' or 'process'"
         )
-    if recurrent and store_recurrent_state:
+    if runner.initial_state is not None and o.store_recurrent_state:
         # The state each action was computed from: a policy output the server writes.
-        assert runner.initial_state is not None
         extra_fields += state_fields(runner.initial_state)
+    return _Probed(
+        source, info_fields, paths, obs_fields, served, runner, action_field, extra_fields
+    )
+
+
+def _chunk_steps(o: Options, args: _Arguments, source: Source, num_envs: int, columns: int) -> int:
+    """Steps of each env per chunk (a round's ``T`` on-policy)."""
+    if o.on_policy:
+        return checks.on_policy_steps(
+            frames_per_batch=o.frames_per_batch,
+            total_frames=o.total_frames,
+            num_envs=num_envs,
+            chunk=o.transition_chunk_size,
+            worker_envs=columns,
+            source=source,
+            max_worker_restarts=o.max_worker_restarts,
+        )
+    return checks.chunk_steps_of(
+        o.transition_chunk_size, o.frames_per_batch, num_envs, args.envs_per_worker, source
+    )
+
+
+def _layout(
+    o: Options,
+    probed: _Probed,
+    delivery: Delivery,
+    num_workers: int,
+    columns: int,
+    chunk_steps: int,
+    splits: int,
+) -> RingLayout:
+    """The ring: every transition field, each worker's columns and slots."""
+    recurrent = probed.runner.initial_state is not None
     staging = None
-    if source.vector:
-        staged = (*(f.key for f in obs_fields), action_field.key)
-        staged += (*(f.key for f in extra_fields), ("policy_version",))
+    if probed.source.vector:
+        staged = (*(f.key for f in probed.obs_fields), probed.action_field.key)
+        staged += (*(f.key for f in probed.extra_fields), ("policy_version",))
         if recurrent:  # written by the worker with each staged observation
             staged += (IS_INIT.key,)
-        staging = Staging(keys=staged, columns=source.batch_size)
-    slots = RESTART_SLOTS if max_worker_restarts else _SLOTS
-    if on_policy:
-        slots = _ROUND_SLOTS
-    num_workers = len(env_fns) // envs_per_worker
-    lend = lending(
-        vector=source.vector,
-        names_slots=transport_obj.names_slots,
-        copies_only=on_policy or max_worker_restarts > 0,
-        backend=inference_backend,
-        worker_rows=chunk_steps * worker_envs,
-        slot_rows=chunk_steps * num_envs,
-        frames_per_batch=frames_per_batch,
-        recurrent=recurrent,
-        pool_slots=transport_obj.pool_slots,
-        num_workers=num_workers,
-        gpu_policy=device.type == "cuda",
-    )
-    if lend:
-        slots = POOL_BLOCKS if lend == "pool" else LEND_SLOTS
-    checks.warn_of_thread_oversubscription(num_workers)
-    layout = RingLayout(
+        staging = Staging(keys=staged, columns=probed.source.batch_size)
+    return RingLayout(
         fields=transition_fields(
-            obs_fields, action_field, extra_fields, info_fields, recurrent=recurrent
+            probed.obs_fields,
+            probed.action_field,
+            probed.extra_fields,
+            probed.info_fields,
+            recurrent=recurrent,
         ),
         num_workers=num_workers,
-        columns=worker_envs,
+        columns=columns,
         chunk_steps=chunk_steps,
-        slots=slots,
+        slots=delivery.slots,
         splits=splits,
         staging=staging,
-        rounds=on_policy,
-        pooled=lend == "pool",
+        rounds=delivery.rounds,
+        pooled=delivery.pooled,
     )
-    outputs = {f.key: f for f in (action_field, *extra_fields)}
-    inference = InferenceConfig(
-        device=str(device),
-        observation_paths=paths,
-        observations=tuple(zip(paths, obs_fields, strict=True)),
+
+
+def _inference_config(
+    o: Options, args: _Arguments, probed: _Probed, layout: RingLayout, num_envs: int
+) -> InferenceConfig:
+    """What the backend builds its server (or each worker its policy) from."""
+    batching = BatchingConfig(
+        max_batch_size=num_envs if o.max_batch_size is None else o.max_batch_size,
+        min_batch_size=o.min_batch_size,
+        batch_timeout=o.batch_timeout,
+        # Half: the envs that did start are served well before a stuck one is reported
+        # (counted from the first request: see BatchingConfig).
+        first_round_timeout=None if o.stall_timeout is None else o.stall_timeout / 2,
+    )
+    outputs = {f.key: f for f in (probed.action_field, *probed.extra_fields)}
+    return InferenceConfig(
+        device=str(args.device),
+        observation_paths=probed.paths,
+        observations=tuple(zip(probed.paths, probed.obs_fields, strict=True)),
         outputs=tuple(outputs.items()),
         layout=layout,
         batching=batching,
         capacity=max(batching.max_batch_size, layout.request_columns),
-        compile_options=compile_options,
-        cuda_graph=cuda_graph,
-        weights=WeightsLayout.of(served.state_dict()),
-        seed=seed,
-        stall_timeout=stall_timeout,
-        recurrent=recurrent,
-        store_recurrent_state=store_recurrent_state,
-        restarts=max_worker_restarts > 0,
-    )
-    specs = tuple(
-        WorkerSpec(
-            env_fns=tuple(env_fns[w * envs_per_worker : (w + 1) * envs_per_worker]),
-            env_offset=w * worker_envs,
-            seed=seed,
-            chunk_steps=chunk_steps,
-            slots=layout.credited_slots,
-            source=source,
-            observation_paths=paths,
-            discrete_actions=isinstance(source.action_space, spaces.Discrete),
-            splits=splits,
-            on_policy=on_policy,
-            info_keys=names,
-        )
-        for w in range(num_workers)
-    )
-    return Plan(
-        num_envs=num_envs,
-        frames_per_batch=frames_per_batch,
-        total_frames=total_frames,
-        transport=transport_obj,
-        source=source,
-        layout=layout,
-        specs=specs,
-        device=device,
-        backend=inference_backend,
-        inference=inference,
-        # The inference process builds its own policy: the driver's probe copy goes. The
-        # workers build theirs too, but start from this copy's weights.
-        served=None if inference_backend == "process" else served,
-        policy_source=source_of_policy,
-        policy_is_factory=policy is None,
-        replay_buffer=replay_buffer,
-        throttle=throttle,
-        learning_starts=learning_starts,
-        max_worker_restarts=max_worker_restarts,
-        stall_timeout=stall_timeout,
-        on_policy=on_policy,
-        policy_lag=policy_lag,
-        lend=lend,
+        compile_options=args.compile_options,
+        cuda_graph=o.cuda_graph,
+        weights=WeightsLayout.of(probed.served.state_dict()),
+        seed=o.seed,
+        stall_timeout=o.stall_timeout,
+        recurrent=probed.runner.initial_state is not None,
+        store_recurrent_state=o.store_recurrent_state,
+        restarts=o.max_worker_restarts > 0,
     )

@@ -40,6 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -49,6 +50,7 @@ from rlcollect._tensordict import TensorDict
 from rlcollect.collector import checks
 from rlcollect.collector.background import POLL, Throttle
 from rlcollect.collector.facade import CollectorFacade
+from rlcollect.collector.lifecycle import Stage
 from rlcollect.distributed import plan
 from rlcollect.distributed.actor import CollectorActor
 from rlcollect.distributed.assembly import Assembler
@@ -58,7 +60,20 @@ from rlcollect.errors import CollectorError
 from rlcollect.inference.server import check_weights
 from rlcollect.replay.sink import SupportsExtend
 
-__all__ = ["RayCollector"]
+__all__ = ["CollectorInfo", "RayCollector"]
+
+
+@dataclass(frozen=True)
+class CollectorInfo:
+    """One collector of a ``RayCollector``, as :meth:`RayCollector.collectors` saw it."""
+
+    index: int
+    host: str
+    node: str  # Ray node id
+    actor: Any  # the Ray actor handle
+    options: Mapping[str, Any]  # its Ray actor options: resources, scheduling
+    segments: tuple[str, ...]  # its collector's shared-memory segments, on ``host``
+
 
 START_TIMEOUT_S = 300.0  # seconds the actors may take to be placed and build their collectors
 _CONTROL_TIMEOUT_S = 30.0  # seconds an actor may take to answer stats() or resume()
@@ -191,7 +206,7 @@ class RayCollector(CollectorFacade):
             seed=seed,
             max_restarts=max_collector_restarts,
         )
-        self._closed = False
+        self._lifecycle.move(Stage.OPEN)
         # Kills the actors if the collector is garbage-collected or open at exit (Ray
         # kills them too when this driver exits).
         self._finalizer = weakref.finalize(self, self._fleet.shutdown)
@@ -248,14 +263,23 @@ class RayCollector(CollectorFacade):
 
     def _release(self) -> None:
         with self._shutdown_lock:
-            if self._closed and self._finalizer is None:
+            if self._lifecycle.move(Stage.CLOSED) is Stage.CLOSED:
                 return
-            self._closed = True
             finalizer, self._finalizer = self._finalizer, None
         if finalizer is not None:
             finalizer()  # Fleet.shutdown, once
 
     # ------------------------------------------------------------------ control
+
+    def collectors(self) -> list[CollectorInfo]:
+        """Each collector as it is now (a restarted one has a new actor): index, host,
+        Ray node, actor handle, Ray resources and shared-memory segments."""
+        if self._fleet is None:
+            return []
+        return [
+            CollectorInfo(m.index, m.host, m.node, m.handle, dict(m.options), m.segments)
+            for m in self._fleet.members
+        ]
 
     @property
     def hosts(self) -> list[str]:
@@ -279,7 +303,8 @@ class RayCollector(CollectorFacade):
                 not the policy's (nothing changed, the version not bumped).
         """
         self._background.raise_error()
-        if self._closed or self._fleet is None:
+        self._lifecycle.refuse("update")
+        if self._fleet is None:
             raise CollectorError("the collector is shut down")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
         if self._shapes is not None:
@@ -314,7 +339,7 @@ class RayCollector(CollectorFacade):
         if fleet is not None:
             answers = (
                 []
-                if self._closed
+                if self._lifecycle.closed
                 else fleet.call_all("stats", _CONTROL_TIMEOUT_S, skip_starting=True)
             )
             for i, m in enumerate(fleet.members):

@@ -19,7 +19,7 @@ Imports Ray only to read the cluster's size.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,17 +29,16 @@ import ray
 import ray.cloudpickle
 
 from rlcollect.collector import checks
-from rlcollect.collector.collector import AsyncBatchedCollector
+from rlcollect.collector.options import Options, driver_options
 from rlcollect.distributed.failures import envs_of
 
 __all__ = ["Group", "cluster_capacity", "plan_groups", "check_arguments", "actor_options"]
 
-# Keyword arguments the RayCollector keeps to itself rather than passing to the actors.
-DRIVER_KWARGS = ("replay_buffer", "train_ratio", "learning_starts", "seed")
-_COLLECTOR_KWARGS = set(inspect.signature(AsyncBatchedCollector.__init__).parameters) - {
-    "self",
-    "env_fns",
-    "policy",
+# The collector's options (collector/options.py) the RayCollector keeps to itself rather
+# than passing to the actors, and those it passes on (frames_per_batch and total_frames
+# are its own arguments: each actor gets its share).
+DRIVER_KWARGS = driver_options()
+_COLLECTOR_KWARGS = {f.name for f in dataclasses.fields(Options)} - {
     "frames_per_batch",
     "total_frames",
 }

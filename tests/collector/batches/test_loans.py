@@ -18,7 +18,9 @@ from envs import counting_vector
 from helpers import CountingPolicy, check_counting_streams, hold_first_batch
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.batches.loans import POOL_BLOCKS, RingLoans, lending
+from rlcollect.collector.batches.delivery import POOL_BLOCKS, choose_delivery
+from rlcollect.collector.batches.loans import RingLoans
+from rlcollect.collector.options import Options
 from rlcollect.collector.plan import plan_collection
 from rlcollect.testing import CountingEnv, CountingVectorEnv
 from rlcollect.transports import ThreadQueueTransport
@@ -161,6 +163,15 @@ def test_no_lending_where_credits_do_not_name_slots():
 # ------------------------------------------------------------------ which batches lend
 
 
+# The backend's say, by (backend, GPU policy): whether a pooled ring's blocks may be lent.
+_LENDS_POOLED = {
+    ("process", True): True,
+    ("thread", True): True,  # a GPU policy: the server thread pages an alias
+    ("thread", False): False,  # the copy is a small part
+    ("worker", True): False,
+}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
@@ -168,11 +179,11 @@ def test_no_lending_where_credits_do_not_name_slots():
         ({"slot_rows": 64}, ""),  # a chunk of every worker is not a batch
         ({"recurrent": True}, ""),  # states are keyed by the env a row belongs to
         ({"pool_slots": 0}, ""),  # the transport does not serve pooled rings
-        ({"num_workers": 42}, "pool"),  # 6 blocks of 42 places: 252 of the credits' 256
-        ({"num_workers": 43}, ""),  # more places than the transport's credits name
+        ({"num_workers": 42}, "pool"),  # 6 blocks of 42 slots: 252 of the credits' 256
+        ({"num_workers": 43}, ""),  # more slots than the transport's credits name
         ({"recurrent": True, "vector": True}, "chunk"),
         ({"names_slots": False}, ""),  # lent slots would come back out of turn
-        ({"copies_only": True}, ""),  # on-policy rounds, restarts
+        ({"copies_only": True}, ""),  # restarts
         ({"backend": "thread"}, "pool"),  # a GPU policy: the server thread pages an alias
         ({"backend": "thread", "gpu_policy": False}, ""),  # the copy is a small part
         ({"backend": "worker"}, ""),
@@ -196,7 +207,29 @@ def test_how_batches_may_view_the_ring(kwargs, expected):
         "gpu_policy": True,
         **kwargs,
     }
-    assert lending(**args) == expected
+    delivery = choose_delivery(
+        on_policy=False,
+        restarts=args["copies_only"],
+        vector=args["vector"],
+        names_slots=args["names_slots"],
+        lends_pooled_blocks=_LENDS_POOLED[args["backend"], args["gpu_policy"]],
+        recurrent=args["recurrent"],
+        worker_rows=args["worker_rows"],
+        block_rows=args["slot_rows"],
+        frames_per_batch=args["frames_per_batch"],
+        num_workers=args["num_workers"],
+        pool_slots=args["pool_slots"],
+    )
+    assert delivery.lending == expected
+
+
+def test_on_policy_rounds_never_lend():
+    delivery = choose_delivery(
+        on_policy=True, restarts=False, vector=False, names_slots=True,
+        lends_pooled_blocks=True, recurrent=False, worker_rows=128, block_rows=128,
+        frames_per_batch=128, num_workers=16, pool_slots=256,
+    )  # fmt: skip
+    assert delivery.kind == "rounds" and delivery.lending == "" and delivery.slots == 1
 
 
 @pytest.mark.filterwarnings("ignore:torch runs")  # 64 workers on this machine's cores
@@ -204,14 +237,11 @@ def test_sixty_four_workers_of_one_env_pool_over_process_slots():
     """64 envs with the defaults (a worker each) over process_slots pool the ring: six
     blocks of 64 places, more than a one-byte credit could name. Planned, not started."""
     envs = [functools.partial(CountingEnv, i) for i in range(64)]
-    plan = plan_collection(
-        envs, CountingPolicy(), policy_factory=None, frames_per_batch=64 * 4,
-        total_frames=-1, transport="process_slots", envs_per_worker=1, worker_splits=None,
-        transition_chunk_size="auto", max_batch_size=None, min_batch_size=1,
-        batch_timeout=1e-3, policy_device="cpu", compile=False, cuda_graph=False,
-        inference_backend="process", replay_buffer=None, train_ratio=None,
-        learning_starts=0, seed=None, max_worker_restarts=0, stall_timeout=None,
+    options = Options(
+        frames_per_batch=64 * 4, transport="process_slots", envs_per_worker=1,
+        policy_device="cpu", inference_backend="process", seed=None, stall_timeout=None,
     )  # fmt: skip
-    assert plan.lend == "pool"
+    plan = plan_collection(envs, CountingPolicy(), options)
+    assert plan.delivery.lending == "pool"
     assert plan.layout.pooled and plan.layout.credited_slots == POOL_BLOCKS * 64
     assert plan.transport.pool_slots >= plan.layout.credited_slots

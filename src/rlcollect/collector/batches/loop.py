@@ -34,7 +34,6 @@ Every delivered batch's finished episodes are counted (``episodes.py``).
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 
@@ -43,17 +42,13 @@ from rlcollect.collector.background import POLL, Background, Throttle
 from rlcollect.collector.batches.builder import ChunkBuilder
 from rlcollect.collector.batches.copied import BatchBuilder
 from rlcollect.collector.batches.episodes import EpisodeStats
-from rlcollect.collector.batches.pooled import PoolBatchBuilder
 from rlcollect.collector.batches.restarts import WorkerRestarts
-from rlcollect.collector.batches.rounds import RolloutBuilder, RoundGate
-from rlcollect.collector.batches.stall import StallWatch
-from rlcollect.collector.plan import Plan, program
+from rlcollect.collector.batches.rounds import RoundGate
+from rlcollect.collector.batches.stall import Stalls
 from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.inference.base import InferenceBackend
-from rlcollect.inference.in_worker_policy import InWorkerPolicy
 from rlcollect.replay.sink import SupportsExtend
-from rlcollect.transports.base import ServerEnd, Transport
-from rlcollect.transports.layout import PROGRESS
+from rlcollect.transports.base import ServerEnd
 
 __all__ = ["ChunkLoop"]
 
@@ -71,7 +66,7 @@ class ChunkLoop:
         throttle: Throttle | None,
         replay_buffer: SupportsExtend | None,
         gate: RoundGate | None = None,
-        stalls: _Stalls | None = None,
+        stalls: Stalls | None = None,
     ) -> None:
         self._end = end
         self._stalls = stalls
@@ -85,53 +80,6 @@ class ChunkLoop:
         self._replay_buffer = replay_buffer
         self.frames = self.batches = 0  # delivered
         self.wait_seconds = 0.0  # time the consumer waited for chunks
-
-    @classmethod
-    def for_plan(
-        cls,
-        plan: Plan,
-        end: ServerEnd,
-        server: InferenceBackend,
-        background: Background,
-        local: InWorkerPolicy | None = None,
-    ) -> ChunkLoop:
-        """The loop for ``plan``'s ring, started as ``end``, served by ``server`` (or by
-        the workers themselves, as ``local`` says)."""
-        restarts = None
-        if plan.max_worker_restarts:
-            restarts = WorkerRestarts(
-                plan.max_worker_restarts,
-                plan.transport,
-                plan.layout,
-                end.buffers,
-                list(plan.specs),
-                num_envs=plan.num_envs,
-                program=functools.partial(program, local=local),
-            )
-        builder: ChunkBuilder
-        gate = None
-        if plan.on_policy:
-            builder = RolloutBuilder(
-                plan.layout, end.buffers, num_envs=plan.num_envs, total_frames=plan.total_frames
-            )
-            gate = RoundGate(end, server, plan.layout.num_workers)
-        else:
-            kind = PoolBatchBuilder if plan.lend == "pool" else BatchBuilder
-            builder = kind(
-                plan.layout,
-                end.buffers,
-                frames_per_batch=plan.frames_per_batch,
-                total_frames=plan.total_frames,
-                lend=plan.lend,
-            )
-        throttle = None if plan.throttle is None else Throttle(*plan.throttle, plan.learning_starts)
-        stalls = None
-        if plan.stall_timeout is not None:
-            watch = StallWatch(end.buffers[PROGRESS], plan.stall_timeout)
-            stalls = _Stalls(watch, plan.transport, plan.stall_timeout, plan.source.envs)
-        return cls(
-            end, builder, restarts, server, background, throttle, plan.replay_buffer, gate, stalls
-        )
 
     @property
     def lent_batches(self) -> int:
@@ -245,30 +193,3 @@ class ChunkLoop:
         """Raise the inference backend's error, if it has one."""
         if self._server.error is not None:
             raise self._server.error
-
-
-class _Stalls:
-    """What the loop does about stalls: look, stop the worker, say why it died."""
-
-    def __init__(self, watch: StallWatch, transport: Transport, timeout: float, per_call: int):
-        self._watch = watch
-        self._transport = transport
-        self._timeout = timeout
-        self._per_call = per_call  # envs per env call: the sub-envs of a vector env
-        self._stopped: dict[int, WorkerError] = {}  # worker: its stall, until it dies
-
-    def look(self) -> None:
-        """Raise a stall, or stop the stalled worker so that its death follows."""
-        stall = self._watch.look()
-        if stall is None:
-            return
-        stack = self._transport.worker_stack(stall.worker)
-        error = stall.error(self._timeout, self._per_call, stack)
-        if not self._transport.stop_worker(stall.worker):
-            raise error
-        self._stopped[stall.worker] = error
-
-    def explain(self, error: WorkerError) -> WorkerError:
-        """The stall behind a stopped worker's death, else ``error`` itself."""
-        stall = self._stopped.pop(error.worker_index, None)
-        return error if stall is None else stall

@@ -4,8 +4,8 @@ A batch's tensors stay valid as long as the caller keeps any of them (a training
 replay buffer holding views, a list of past batches), so the next batch may never be
 written over them. Fresh memory for every batch is correct but not free: the kernel maps
 it page by page on first write, and for pixel batches those faults cost about as much as
-the copy that fills them (``benchmarks/experiments/first_touch.py``: 46 ms against 25 ms
-for a 116 MB field on 2 cores). So a batch's memory goes round::
+the copy that fills them (measured: ``docs/decisions/``). So a batch's memory goes
+round::
 
     ChunkBuilder._allocate ── BatchMemory.take(rows) ──▶ one buffer: a free one of this
             ▲                                            size, else a new one; one array

@@ -37,9 +37,10 @@ import numpy as np
 
 from rlcollect.errors import WorkerError
 from rlcollect.processes import process_stopped
+from rlcollect.transports.base import Transport
 from rlcollect.worker.progress import ENV, PID, SINCE, STAGE, Stage
 
-__all__ = ["Stall", "StallWatch"]
+__all__ = ["Stall", "StallWatch", "Stalls"]
 
 _LOOK_EVERY = 0.25  # seconds between the driver's looks: a stall is found within this
 
@@ -130,3 +131,30 @@ class StallWatch:
                 self._reported[worker] = key
                 return stall
         return None
+
+
+class Stalls:
+    """What the loop does about stalls: look, stop the worker, say why it died."""
+
+    def __init__(self, watch: StallWatch, transport: Transport, timeout: float, per_call: int):
+        self._watch = watch
+        self._transport = transport
+        self._timeout = timeout
+        self._per_call = per_call  # envs per env call: the sub-envs of a vector env
+        self._stopped: dict[int, WorkerError] = {}  # worker: its stall, until it dies
+
+    def look(self) -> None:
+        """Raise a stall, or stop the stalled worker so that its death follows."""
+        stall = self._watch.look()
+        if stall is None:
+            return
+        stack = self._transport.worker_stack(stall.worker)
+        error = stall.error(self._timeout, self._per_call, stack)
+        if not self._transport.stop_worker(stall.worker):
+            raise error
+        self._stopped[stall.worker] = error
+
+    def explain(self, error: WorkerError) -> WorkerError:
+        """The stall behind a stopped worker's death, else ``error`` itself."""
+        stall = self._stopped.pop(error.worker_index, None)
+        return error if stall is None else stall
