@@ -177,13 +177,11 @@ def hand_loop(
     device: torch.device,
     w: int,
     hold: float = 0.0,
-    factory: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """One thread visiting ``w`` vector envs in turn: recv, the graphed network, send;
-    with ``hold`` (seconds), each batch's actions are sent that much later (a spin).
-    ``factory`` replaces the vector env factory (``profile_vector_worker.py``)."""
+    with ``hold`` (seconds), each batch's actions are sent that much later (a spin)."""
     n, b, t = vector_config(args, w)
-    make = factory or functools.partial(make_atari_vector, n, b, t, args.env_nice)
+    make = functools.partial(make_atari_vector, n, b, t, args.env_nice)
     envs = [make() for _ in range(w)]
     try:
         policy = _policy(envs[0].single_action_space.n, args.policy).to(device)
@@ -214,8 +212,6 @@ def collector(
     transport: str,
     w: int,
     one_worker: bool,
-    factory: Callable[[], Any] | None = None,
-    on_window: Callable[[str], None] | None = None,
     backend: str = "thread",
 ) -> dict[str, Any]:
     """``w`` vector envs, one per worker (or all in ``one_worker``, alternating), the
@@ -224,11 +220,9 @@ def collector(
     Besides frames/s, where the CPU goes, per frame over the timed window: the driver
     process, its inference-server thread and, with worker processes, their Python loops
     (each process's main thread) and the whole processes (the env's C++ threads too).
-    ``factory`` replaces the vector env factory, ``on_window`` is called with ``"start"``
-    and ``"end"`` around the timed window (``benchmarks/experiments/profile_vector_worker.py``).
     """
     n, b, t = vector_config(args, w)
-    make = factory or functools.partial(make_atari_vector, n, b, t, args.env_nice)
+    make = functools.partial(make_atari_vector, n, b, t, args.env_nice)
     fns: list[Callable[[], Any]] = [make] * w
     handle: ProcessSlotTransport | str = (
         ProcessSlotTransport() if transport == "process_slots" else transport
@@ -255,8 +249,6 @@ def collector(
             (th.native_id for th in threading.enumerate() if th.name == "rlcollect-inference"),
             None,
         )
-        if on_window is not None:
-            on_window("start")
         before = _cpu_seconds(pids, server_tid)
         frames, t0, c0 = 0, time.perf_counter(), time.process_time()
         server0 = c.stats()["server"]
@@ -264,8 +256,6 @@ def collector(
             frames += next(it).batch_size[0]
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         after = _cpu_seconds(pids, server_tid)
-        if on_window is not None:
-            on_window("end")
         server = c.stats()["server"]
     rows = server["rows"] - server0["rows"]
     batches = server["batches"] - server0["batches"]

@@ -1,10 +1,8 @@
 """Smoke tests: the examples and benchmarks run end to end with tiny budgets."""
 
 import importlib.util
-import itertools
 import json
 import math
-import os
 import subprocess
 import sys
 import threading
@@ -25,34 +23,6 @@ def run(*args, timeout=300):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
-
-
-INTERLEAVED_TINY = (
-    *("--envs", "4", "--batch", "2", "--threads", "1", "--policy", "noop"),
-    *("--cycles", "3", "--window", "0.2", "--lead", "0.1", "--frames-per-batch", "64"),
-)
-
-
-def on_tree(tree, name, out, *args, timeout=300):
-    """benchmarks/experiments/on_tree.py: the experiment run on ``tree``; its output."""
-    options = ("--tree", str(tree), "--name", name, "--out", str(out), "--timeout", str(timeout))
-    return subprocess.run(
-        [sys.executable, "benchmarks/experiments/on_tree.py", *options, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout + 120,
-    )
-
-
-def experiment(out, name, script, *args):
-    """``script`` run through on_tree.py on this checkout's ``src``, which must succeed:
-    its one printed line and its JSON report (``out/name/<script's stem>.json``)."""
-    done = on_tree(ROOT / "src", name, out, script, *args)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (out / f"{name}.log").stat().st_size > 0
-    report = json.loads((out / name / f"{Path(script).stem}.json").read_text())
-    return done.stdout, report
 
 
 @pytest.mark.slow
@@ -301,124 +271,6 @@ def test_inference_latency_benchmark_latency_only(tmp_path):
     assert set(result["latency_seconds"]) == {"graph", "bare_graph"}
     assert all(v > 0 for v in result["latency_seconds"]["graph"].values())
     assert result["collection"] == {}
-
-
-@pytest.mark.slow
-def test_worker_profile_experiment():
-    out = run("benchmarks/experiments/profile_worker.py", "--seconds", "1")
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
-    assert result["worker_cpu_ms_per_frame"] > 0 and result["env_alone_cpu_ms_per_frame"] > 0
-    assert result["server_us_per_batch"]["respond"] > 0
-
-
-@pytest.mark.slow
-def test_pin_workers_experiment():
-    out = run(
-        "benchmarks/experiments/pin_workers.py",
-        *("--rounds", "1", "--seconds", "0.3", "--layouts", "4 envs, 2 per worker, 2 splits"),
-    )
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert lines[0]["env_only_frames_per_second"] > 0
-    runs = {line["pinned"]: line for line in lines[1:]}
-    assert set(runs) == {False, True}, lines
-    cores = len(os.sched_getaffinity(0))
-    # pinned: each worker on a core of its own (worker w on core w % cores); free: all
-    assert [len(a) for a in runs[True]["worker_affinity"]] == [1, 1]
-    assert runs[True]["worker_affinity"][0] != runs[True]["worker_affinity"][1] or cores == 1
-    assert all(len(a) == cores for a in runs[False]["worker_affinity"])
-    assert all(line["frames_per_second"] > 0 for line in runs.values())
-
-
-@pytest.mark.slow
-def test_vector_worker_profile_experiment(tmp_path):
-    line, report = experiment(
-        tmp_path,
-        "prof",
-        "profile_vector_worker.py",
-        *("--envs", "4", "--batch", "2", "--threads", "1", "--switch-intervals", "0.005"),
-        *("--seconds", "0.5", "--warmup", "0.2", "--frames-per-batch", "64"),
-    )
-    hand = report["hand_loop"][0]  # on_tree.py's line names every run, with its fps
-    assert line.startswith(f"prof rc=0 [env_only: fps {report['env_only'][0]['fps']:.0f}]")
-    assert f"[hand_loop: fps {hand['fps']:.0f} recv " in line
-    assert report["machine"]["vector_worker_nice"] == lowest_niceness_allowed(DRIVER_NICE)
-    # timed in either process, with the server or with the policy in the worker
-    collectors = ("thread-1w switch=0.005", "process_slots-1w thread", "process_slots-1w worker")
-    for series in collectors:
-        [result] = report[series]
-        steps = result["worker_us_per_batch"]
-        assert steps["send"] > 0 and steps["recv"] > 0 and steps["recv_to_send"] > 0, series
-        assert steps["send_to_recv"] > 0, series  # the transitions written meanwhile
-        # The driving thread's run-queue waits (schedstat), per window.
-        for window in ("recv", "recv_to_send", "send_to_recv"):
-            assert steps[f"{window}_queued"] >= 0, (series, window)
-        assert result["server_us_per_batch"]["forward"] > 0, series
-    [hand] = report["hand_loop"]
-    assert hand["fps"] > 0 and hand["worker_us_per_batch"]["recv_to_send"] > 0
-    assert hand["worker_us_per_batch"]["recv_to_send_queued"] >= 0
-    assert report["env_only"][0]["fps"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not may_lower_niceness(-5), reason="may not lower a thread's niceness")
-def test_server_nice_experiment(tmp_path):
-    line, report = experiment(
-        tmp_path,
-        "srv",
-        "server_nice.py",
-        *("--envs", "2", "--windows", "4", "--seconds", "0.3", "--warmup", "0.3"),
-        *("--settle", "1", "--frames-per-batch", "64"),
-    )
-    median = report["fps_nice-5/fps_nice0"]["median"]
-    assert line.startswith(f"srv rc=0 pairs median {median:.3f} wait@0 ")
-    windows = report["windows"]
-    assert [w["nice"] for w in windows] == [0, -5, -5, 0]  # pairs open with each in turn
-    for w in windows:
-        assert w["fps"] > 0 and w["mean_batch"] >= 1, w
-        # the server thread ran in every window; its waits are counted, maybe 0
-        assert w["server_run_ms_per_s"] > 0 and w["server_wait_ms_per_s"] >= 0, w
-    pairs = report["fps_nice-5/fps_nice0"]["pairs"]
-    assert pairs == [windows[1]["fps"] / windows[0]["fps"], windows[2]["fps"] / windows[3]["fps"]]
-    assert report["machine"]["vector_worker_nice"] <= 0
-
-
-def test_interleaved_vector_experiment(tmp_path):
-    # Run as a device call runs it: through on_tree.py, whose one line must be the JSON's.
-    line, report = experiment(tmp_path, "tiny", "interleaved_vector.py", *INTERLEAVED_TINY)
-    s = report["summary"]
-    assert line == (
-        f"tiny rc=0 collector/hand_loop {s['collector/hand_loop']['median']:.3f} "
-        f"collector/env_only {s['collector/env_only']['median']:.3f} "
-        f"hand_loop/env_only {s['hand_loop/env_only']['median']:.3f} "
-        f"ahead {s['collector_ahead_of_hand_loop']} of 3\n"
-    )
-    assert report["machine"]["vector_worker_nice"] == lowest_niceness_allowed(DRIVER_NICE)
-    cycles = report["cycles"]
-    # every configuration ran in every cycle, each first once in three cycles
-    assert [c["order"][0] for c in cycles] == ["env_only", "hand_loop", "collector"]
-    for c in cycles:
-        assert all(fps > 0 for fps in c["fps"].values()), c
-        assert c["ratios"]["collector/hand_loop"] == c["fps"]["collector"] / c["fps"]["hand_loop"]
-    ahead = sum(c["ratios"]["collector/hand_loop"] > 1 for c in cycles)
-    assert report["summary"]["collector_ahead_of_hand_loop"] == ahead
-    assert report["summary"]["cycles"] == 3
-
-
-def test_on_tree_imports_the_tree_it_is_given_and_reports_failures(tmp_path):
-    # A tree whose rlcollect fails on import: the run fails, and its log's end is shown.
-    broken = tmp_path / "broken" / "rlcollect"
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('the broken tree was imported')\n")
-    done = on_tree(broken.parent, "broken", tmp_path / "out", "interleaved_vector.py")
-    assert done.returncode == 1
-    assert done.stdout.startswith("broken rc=1") and "the broken tree was imported" in done.stdout
-    # Not a tree: refused before anything runs.
-    done = on_tree(ROOT, "root", tmp_path / "out", "interleaved_vector.py")
-    assert done.returncode == 2 and "no rlcollect/__init__.py" in done.stderr
-    # Cut by its timeout: 3 cycles of three 0.3 s windows cannot end within 1 s.
-    done = on_tree(ROOT / "src", "cut", tmp_path / "out", "interleaved_vector.py",
-                   *INTERLEAVED_TINY, timeout=1)  # fmt: skip
-    assert done.returncode == 124 and done.stdout.startswith("cut rc=124"), done.stdout
 
 
 @pytest.mark.slow
@@ -725,93 +577,3 @@ def test_ppo_atari_gym_envs_and_deadline(tmp_path):
         "--total-timesteps", "1024", "--max-seconds", "0.001", "--out", str(tmp_path))  # fmt: skip
     sync = json.loads((tmp_path / "ppo_atari_gym_sync_seed1.json").read_text())
     check_ppo_atari_run(sync, updates=1, stopped_by="max_seconds")
-
-
-def test_probe_trees_apply_to_head(tmp_path):
-    # Every probe of benchmarks/experiments/probes still applies to the committed tree
-    # (or, pinned, to its base commit) and gives code that compiles: a change to the
-    # lines an unpinned probe patches must update it.
-    import py_compile
-
-    sys.path.insert(0, str(ROOT / "benchmarks" / "experiments"))
-    try:
-        import probe_tree
-    finally:
-        sys.path.pop(0)
-    assert probe_tree.names(), "no probes found"
-    for name in probe_tree.names():
-        patch = (probe_tree.PROBES / f"{name}.patch").read_text()
-        added = [line for line in patch.splitlines() if line.startswith("+") and "probe" in line]
-        assert added, f"probe {name} does not say what it does (a '# probe: ...' comment)"
-        tree = probe_tree.build(name, tmp_path / name)
-        commit = probe_tree.base(name)
-        files = [line.split()[1][2:] for line in patch.splitlines() if line.startswith("+++ ")]
-        assert files, name
-        lines = patch.splitlines()
-        new = {  # modules the probe adds: no "before" side
-            b.split()[1][2:]
-            for a, b in itertools.pairwise(lines)
-            if a.startswith("--- /dev/null") and b.startswith("+++ ")
-        }
-        for rel in files:
-            if rel in new:
-                assert (tree / rel).is_file(), (name, rel)
-            else:
-                head = subprocess.run(
-                    ["git", "-C", str(ROOT), "show", f"{commit}:{rel}"],
-                    capture_output=True,
-                    check=True,
-                ).stdout
-                assert (tree / rel).read_bytes() != head, (name, rel)
-            py_compile.compile(str(tree / rel), doraise=True)
-    with pytest.raises(ValueError, match="no probe 'nope'"):
-        probe_tree.build("nope", tmp_path / "nope")
-
-
-def test_pool_sim_experiment(tmp_path):
-    # The real pooled-ring builder on simulated chunk times: six blocks lend every batch
-    # and leave no worker without a place where four lend only some (as the GPU host
-    # measured: benchmarks/results/archive/pool_sim_cpu/).
-    out = tmp_path / "sim.json"
-    run(
-        "benchmarks/experiments/pool_sim.py",
-        *("--batches", "200", "--seeds", "1", "--cv", "0.1", "--stall-p", "0"),
-        *("--blocks", "4", "6", "--out", str(out)),
-    )
-    rows = {row["blocks"]: row for row in json.loads(out.read_text())["rows"]}
-    assert rows[6]["lent_share"] == 1.0 and rows[6]["wait_share"] == 0.0
-    assert rows[4]["lent_share"] < 0.9
-
-
-@pytest.mark.slow
-def test_worker_faults_experiment():
-    # Workers of a pooled ring map it whole at start: no page faults as they write
-    # places they had not written before (about 86,000 in 5 batches without it).
-    out = run("benchmarks/experiments/worker_faults.py", "--batches", "5")
-    pooled, plain = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
-    assert pooled["lent_batches"] >= 5 and plain["lent_batches"] == 0
-    assert pooled["worker_faults_after_batch"][-1][1] < 1000, pooled
-
-
-def test_gil_writes_experiment():
-    # Both writes answer every ping-pong worker beside each kind of companion thread.
-    out = run(
-        "benchmarks/experiments/gil_writes.py",
-        *("--workers", "2", "--answers", "200", "--repeats", "1", "--seconds", "30"),
-    )
-    rows = [json.loads(line) for line in out.splitlines()]
-    assert {(r["companion"], r["write"]) for r in rows} == {
-        (c, w) for c in ("idle", "torch", "python") for w in ("os.write", "PyDLL write")
-    }
-    assert all(r["us_per_answer"] > 0 and r["answers_per_second"] > 0 for r in rows)
-
-
-def test_busy_main_experiment():
-    # One fresh process per (backend, load); each reports what it collected.
-    out = run(
-        "benchmarks/experiments/busy_main.py",
-        *("--seconds", "0.3", "--repeats", "1", "--backends", "process", "--loads", "idle"),
-    )
-    (row,) = [json.loads(line) for line in out.splitlines()]
-    assert (row["backend"], row["load"]) == ("process", "idle")
-    assert row["frames_per_second"] >= 0 and row["iterations_per_second"] > 0
