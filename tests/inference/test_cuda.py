@@ -278,7 +278,7 @@ def test_the_whole_step_graph_serves_batches_of_every_size_in_any_order():
 
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_weights_change_only_between_whole_step_replays(backend):
-    """Twenty updates into the whole-step graph while it serves two request groups per
+    """Twenty updates into the whole-step graph while it serves two splits per
     worker: every row's action is its stamped version's weights, none a mix, and each
     env's versions never go back."""
     policy = ConstantPolicy(0)

@@ -51,9 +51,9 @@ def test_streams_and_budget():
     check_backend_gone(c)
 
 
-def test_batches_view_blocks_of_a_pooled_ring_the_server_reads_by_place():
+def test_batches_view_blocks_of_a_pooled_ring_the_server_reads_by_slot():
     """Envs stepped one by one whose chunk of every worker is a batch: the ring is
-    pooled, the inference process gathers and scatters each request by the place its
+    pooled, the inference process gathers and scatters each request by the slot its
     worker writes, and batches are lent views of it. The server answers no env before
     every env has asked, which keeps the workers in step: then at least a third of the
     batches are lent (tests/collector/batches/test_pooled.py says why)."""

@@ -235,7 +235,7 @@ def test_the_env_of_a_request_row():
     views = layout.views(bytearray(layout.nbytes))
     workers, requests = np.array([2, 0, 1]), np.array([7, 0, 19])
     rows = request_rows(layout, views, workers, requests)
-    # request q = p * groups + g names group g's two columns of worker w
+    # request q = p * splits + g names split g's two columns of worker w
     assert request_envs(layout, rows).tolist() == [10, 11, 0, 1, 6, 7]
     env_index = views[("env_index",)].reshape(-1)
     env_index[:] = np.repeat(np.arange(3), 10 * 4) * 4 + np.tile(np.arange(4), 30)

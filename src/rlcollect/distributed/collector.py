@@ -57,7 +57,7 @@ from rlcollect.distributed.assembly import Assembler
 from rlcollect.distributed.failures import Failure
 from rlcollect.distributed.fleet import CONTROL_THREADS, IN_FLIGHT, Fleet, Lost, Member, Starting
 from rlcollect.errors import CollectorError
-from rlcollect.inference.server import check_weights
+from rlcollect.inference.checks import check_weights
 from rlcollect.replay.sink import SupportsExtend
 
 __all__ = ["CollectorInfo", "RayCollector"]

@@ -9,14 +9,15 @@ process, ``process.py`` in its own).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from rlcollect.inference.config import InferenceConfig
 from rlcollect.inference.policy import PolicyRunner
-from rlcollect.inference.recurrent import StateStore
+from rlcollect.inference.recurrent import Leaves, StateStore
 from rlcollect.inference.recurrent_step import RecurrentDeviceStep, RecurrentHostStep
 from rlcollect.inference.server import InferenceServer
 from rlcollect.inference.step import ActionStep, DeviceStep, HostStep, buckets_for
@@ -36,10 +37,10 @@ def build_server(
     runner = PolicyRunner(policy, device=device, observation_paths=config.observation_paths)
     if runner.recurrent != config.recurrent:
         # The inference process builds its own policy: it must be the kind that was probed.
-        kind = "recurrent" if config.recurrent else "feed-forward"
+        has, kind = ("lacks", "recurrent") if config.recurrent else ("has", "feed-forward")
         raise ValueError(
-            f"the served policy {'lacks' if config.recurrent else 'has'} initial_state(), "
-            f"but the policy probed at construction was {kind}"
+            f"the served policy {has} initial_state(), but the policy probed at construction "
+            f"was {kind}"
         )
     layout = config.layout
     step = build_action_step(
@@ -79,11 +80,11 @@ def build_action_step(
     """The action step an :class:`~rlcollect.inference.server.InferenceServer` runs per
     batch: gather the observations, run the policy, return its outputs on the host.
 
-    The strategy follows ``runner.device``, chosen once here: on the CPU the policy
-    reads the gathered rows in place; on a CUDA device the batch is gathered on the GPU
-    from the page-locked ring, optionally through ``torch.compile`` and CUDA graphs
-    (each padded batch size compiled or captured here, before any batch is served).
-    The step is opaque: pass it to the server, which owns it from then on.
+    The strategy follows ``runner.device`` and ``runner.recurrent``, chosen once here:
+    on the CPU the policy reads the gathered rows in place; on a CUDA device the batch
+    is gathered on the GPU from the page-locked ring, optionally through ``torch.compile``
+    and CUDA graphs (each padded batch size compiled or captured before any batch is
+    served). The step is opaque: pass it to the server, which owns it from then on.
 
     Args:
         runner: the policy and its calling convention.
@@ -134,41 +135,25 @@ def build_action_step(
         ...
         ValueError: compile_options and cuda_graph need a policy on a CUDA device; the ...
     """
-    if runner.device.type != "cuda":
-        if compile_options is not None or cuda_graph:
-            raise ValueError(
-                f"compile_options and cuda_graph need a policy on a CUDA device; the runner's "
-                f"is {runner.device}"
-            )
-        if runner.initial_state is None:
-            return HostStep(runner, observations, capacity)
-    states = None
-    if runner.initial_state is not None:
-        if num_envs is None:
-            raise ValueError("a recurrent policy's action step needs num_envs")
-        rows = capacity if runner.device.type != "cuda" else buckets_for(capacity)[-1]
-        states = StateStore(
-            runner.initial_state,
-            num_envs=num_envs,
-            capacity=rows,
-            store=store_recurrent_state,
-            flags=runner.tensordict_policy,  # only a TensorDictModule may read is_init
-            repeats=envs_may_repeat,
+    on_device = runner.device.type == "cuda"
+    if not on_device and (compile_options is not None or cuda_graph):
+        raise ValueError(
+            f"compile_options and cuda_graph need a policy on a CUDA device; the runner's "
+            f"is {runner.device}"
         )
-        if runner.device.type != "cuda":
-            return RecurrentHostStep(runner, observations, capacity, states)
-    try:
-        if states is not None:
-            return RecurrentDeviceStep(
-                runner,
-                observations,
-                outputs,
-                capacity,
-                states=states,
-                compile_options=compile_options,
-                cuda_graph=cuda_graph,
-            )
-        return DeviceStep(
+    host: Callable[..., HostStep] = HostStep
+    device: Callable[..., DeviceStep] = DeviceStep
+    if runner.initial_state is not None:
+        rows = buckets_for(capacity)[-1] if on_device else capacity  # padded batches too
+        states = _state_store(
+            runner, runner.initial_state, num_envs, rows, store_recurrent_state, envs_may_repeat
+        )
+        host = functools.partial(RecurrentHostStep, states=states)
+        device = functools.partial(RecurrentDeviceStep, states=states)
+    if not on_device:
+        return host(runner, observations, capacity)
+    try:  # compiling, capturing and warming up run the policy
+        return device(
             runner,
             observations,
             outputs,
@@ -177,7 +162,33 @@ def build_action_step(
             cuda_graph=cuda_graph,
         )
     except Exception as exc:
-        what = "capturing the action step as a CUDA graph" if cuda_graph else "warming up"
-        if compile_options is not None:
-            what = "compiling the action step" + (" and capturing it" if cuda_graph else "")
-        raise ValueError(f"the policy failed while {what}: {type(exc).__name__}: {exc}") from exc
+        raise _failed(exc, compiled=compile_options is not None, cuda_graph=cuda_graph) from exc
+
+
+def _state_store(
+    runner: PolicyRunner,
+    initial: Leaves,
+    num_envs: int | None,
+    capacity: int,
+    store: bool,
+    repeats: bool,
+) -> StateStore:
+    """Every env's state, for a recurrent policy's step (``inference/recurrent.py``)."""
+    if num_envs is None:
+        raise ValueError("a recurrent policy's action step needs num_envs")
+    return StateStore(
+        initial,
+        num_envs=num_envs,
+        capacity=capacity,
+        store=store,
+        flags=runner.tensordict_policy,  # only a TensorDictModule may read is_init
+        repeats=repeats,
+    )
+
+
+def _failed(exc: Exception, *, compiled: bool, cuda_graph: bool) -> ValueError:
+    """The policy's failure while a device step compiled, captured or warmed it up."""
+    what = "capturing the action step as a CUDA graph" if cuda_graph else "warming up"
+    if compiled:
+        what = "compiling the action step" + (" and capturing it" if cuda_graph else "")
+    return ValueError(f"the policy failed while {what}: {type(exc).__name__}: {exc}")

@@ -10,13 +10,13 @@ forwards run in parallel, one per core::
 
     worker process w (torch, one thread)             driver process
     ┌──────────────────────────────────────┐        ┌──────────────────────────────┐
-    │ writes obs of group g at position p   │        │ update_policy_weights_:       │
-    │ request(q): InWorkerEnd serves it here:  │        │  WeightsBoard.publish ────┐   │
-    │   refresh weights from the board ◀────┼────────┼───────────────────────────┘   │
-    │   policy(obs[p, group]) → action,     │        │                              │
-    │   outputs, version written at p       │        │ consuming thread:             │
-    │ steps its envs … chunk full:          │        │  chunks → batches, as ever    │
-    │ hand_over ────────────────────────────┼───────▶│                              │
+    │ writes obs of split g at position p  │        │ update_policy_weights_:      │
+    │ request(q): InWorkerEnd serves it:   │        │  WeightsBoard.publish ────┐  │
+    │   refresh weights from the board ◀───┼────────┼───────────────────────────┘  │
+    │   policy(obs[p, split]) → action,    │        │                              │
+    │   outputs, version written at p      │        │ consuming thread:            │
+    │ steps its envs … chunk full:         │        │  chunks → batches, as ever   │
+    │ hand_over ───────────────────────────┼───────▶│                              │
     └──────────────────────────────────────┘        └──────────────────────────────┘
 
 :class:`InWorkerEnd` wraps the transport's worker end, so the worker loop
@@ -56,10 +56,10 @@ from rlcollect.errors import ChannelClosed, InferenceError, WorkerFailure
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.inference.board import WeightsBoard
 from rlcollect.inference.build import build_action_step
+from rlcollect.inference.checks import check_output, check_weights, scatter_outputs
 from rlcollect.inference.config import InferenceConfig
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.rng import PolicyRng, policy_rng
-from rlcollect.inference.server import check_output, check_weights, scatter_outputs
 from rlcollect.inference.step import ActionStep
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
@@ -118,7 +118,7 @@ def run_worker_with_policy(end: WorkerEnd, spec: WorkerSpec, policy: InWorkerPol
 class InWorkerEnd(WorkerEnd):
     """A worker end whose requests are answered in the worker, by its own policy copy.
 
-    A CPU policy on in-place requests reads its group's ring cells where they are (the
+    A CPU policy on in-place requests reads its split's ring cells where they are (the
     cheap-env path: nothing gathered). Otherwise (the policy on a GPU, or the staged
     requests of vector envs) the request goes through the same action step the server
     runs (``inference/step.py``), bound to this worker's part of the ring only: a GPU
@@ -153,7 +153,7 @@ class InWorkerEnd(WorkerEnd):
         self._params = policy.state_dict(keep_vars=True)
         self._board = board
         self._version = -1  # none yet: the first request loads version 0 from the board
-        self._groups = spec.splits
+        self._splits = spec.splits
         width = config.layout.columns // spec.splits
         self._width = width
         self._columns = [slice(g * width, (g + 1) * width) for g in range(spec.splits)]
@@ -207,7 +207,7 @@ class InWorkerEnd(WorkerEnd):
             self._request_step(position)
             return
         start = time.perf_counter_ns()
-        p, g = divmod(position, self._groups)
+        p, g = divmod(position, self._splits)
         cols = self._columns[g]
         self._version = self._board.refresh(self.index, self._params, self._version, _BOARD_WAIT)
         tensors = {path: torch.from_numpy(ring[p, cols]) for path, ring in self._inputs}
@@ -229,7 +229,7 @@ class InWorkerEnd(WorkerEnd):
             src = value.numpy()
             field = self._outputs[key]
             # The full check only when the output differs from its field: this runs once
-            # per forward, and a cheap env's step costs a few microseconds.
+            # per forward, on the critical path of a cheap env's every step.
             if src.dtype != field.dtype or src.shape[1:] != field.shape[2:]:
                 check_output(key, src, field[p, cols])
             field[p, cols] = src

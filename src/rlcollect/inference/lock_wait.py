@@ -6,9 +6,10 @@ It lets go of the lock many times a batch (to wait for requests, to write each a
 inside each torch call) and must take it back each time. A thread busy in pure Python
 (a training loop that parses, logs or loops over rows) keeps the lock until the switch
 interval runs out (``sys.getswitchinterval()``, 5 ms by default), so each take-back
-costs that long and collection starves: 0 frames/s on 2 cores, against 4,608 with
-``inference_backend="process"`` (``benchmarks/results/archive/busy_main_cpu/``).
-Nothing in the collector can take the lock from such a thread; it can tell the user.
+costs that long and collection starves; with ``inference_backend="process"`` the server
+has an interpreter of its own and does not wait (``benchmarks/experiments/busy_main.py``
+compares the two). Nothing in the collector can take the lock from such a thread; it
+can tell the user.
 
 How: now and then (``LockWatch.check``) the server lets go of the lock for no time
 (``time.sleep(0)``) and times how long it took to get it back, less the time it spent

@@ -15,7 +15,7 @@ above; ``new_state`` must have the structure, shapes and dtypes of the state it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -170,7 +170,7 @@ class PolicyRunner:
                     f"{sorted(map(str, result.keys(include_nested=True, leaves_only=True)))}"
                 )
             new = {path: result.get(("next", STATE_KEY, *path)) for path in self.initial_state}
-            outputs = _outputs_of_tensordict(result, batch, recurrent=True)
+            outputs = _outputs_of_tensordict(result, batch, given=_given_with_state)
         else:
             if self._dict_obs:
                 arg: Any = TensorDict(dict(tensors), batch_size=[batch], device=self.device)
@@ -200,17 +200,27 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def _given(key: Key) -> bool:
+    """What :meth:`PolicyRunner.call` put in a TensorDict: the observations."""
+    return key[0] == "observation"
+
+
+def _given_with_state(key: Key) -> bool:
+    """What :meth:`PolicyRunner.call_recurrent` put in a TensorDict (the observations,
+    the state and ``is_init``), and the new state the policy wrote."""
+    return key[0] == "observation" or key[0] in RECURRENT_KEYS or key[:2] == ("next", STATE_KEY)
+
+
 def _outputs_of_tensordict(
-    td: TensorDictBase, batch: int, *, recurrent: bool = False
+    td: TensorDictBase, batch: int, *, given: Callable[[Key], bool] = _given
 ) -> dict[Key, torch.Tensor]:
+    """The leaves of ``td`` the policy wrote as outputs: every one but those ``given``
+    names (the call's own inputs)."""
     out: dict[Key, torch.Tensor] = {}
     for key in td.keys(include_nested=True, leaves_only=True):
         tkey = (key,) if isinstance(key, str) else tuple(key)
-        if tkey[0] == "observation":
-            continue
-        if recurrent and (tkey[0] in RECURRENT_KEYS or tkey[:2] == ("next", STATE_KEY)):
-            continue  # the state and flags it was given, and the new state it wrote
-        out[tkey] = td.get(key)
+        if not given(tkey):
+            out[tkey] = td.get(key)
     return _check_batch(out, batch)
 
 

@@ -63,8 +63,8 @@ import torch
 from rlcollect.errors import InferenceError, RemoteTraceback
 from rlcollect.inference.base import InferenceBackend
 from rlcollect.inference.build import build_server
+from rlcollect.inference.checks import check_weights
 from rlcollect.inference.config import InferenceConfig, WeightsLayout
-from rlcollect.inference.server import check_weights
 from rlcollect.processes import (
     attach_segment,
     child_env,

@@ -250,8 +250,8 @@ class StateStore:
         self._env_of_row = env_of_row.astype(np.int64, copy=False)
 
     def load(self, flat: np.ndarray) -> None:
-        """Host side of a batch: the read and write rows of ring rows ``flat``. About ten
-        microseconds on the critical path of every batch: one lookup per array."""
+        """Host side of a batch: the read and write rows of ring rows ``flat``. It is on
+        the critical path of every batch, so it is one lookup per array."""
         assert self._env_of_row is not None and self._is_init_rows is not None, "bind() first"
         n = len(flat)
         read, write = self._rows_np

@@ -4,12 +4,14 @@ The two strategies of ``step.py``, each with the :class:`~rlcollect.inference.re
 around the policy call (gather, reset, forward, write back). A feed-forward policy never
 comes here: its step is exactly the one of ``step.py``.
 
-``load`` also fills the store's host buffers (the env and ``is_init`` of each row), and
-every copy up of a batch's inputs also uploads them, whole: the padded rows of a graphed
-batch then name scratch rows, never an env's. On a GPU, the store's work is part of
-what ``compile`` compiles around (the policy call itself is compiled) and of what
-``cuda_graph`` captures, in both graphs of ``DeviceStep``: one upload of the batch's
-read and write rows, then one ``index_select`` and one ``index_copy_`` per state leaf.
+``attach_envs`` binds the store to the ring (which env each request row is, and its
+``is_init`` field); ``load`` also fills the store's host buffers (the env and ``is_init``
+of each row), and every copy up of a batch's inputs also uploads them, whole: the padded
+rows of a graphed batch then name scratch rows, never an env's. On a GPU, the store's
+work is part of what ``compile`` compiles around (the policy call itself is compiled) and
+of what ``cuda_graph`` captures, in both graphs of ``DeviceStep``: one upload of the
+batch's read and write rows, then one ``index_select`` and one ``index_copy_`` per state
+leaf.
 """
 
 from __future__ import annotations
@@ -22,13 +24,28 @@ import torch
 
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.recurrent import StateStore
-from rlcollect.inference.step import DeviceStep, HostStep, StepTimes
-from rlcollect.transports.layout import Field, Key, Path
+from rlcollect.inference.step import ActionStep, DeviceStep, HostStep, StepTimes
+from rlcollect.transports.layout import Field, Key, Path, RingLayout, request_envs
 
 __all__ = ["RecurrentDeviceStep", "RecurrentHostStep"]
 
 
-class RecurrentHostStep(HostStep):
+class _WithStates(ActionStep):
+    """What both recurrent steps add to theirs: the store bound to the ring, and filled
+    per batch before the step's own gather."""
+
+    _store: StateStore
+
+    def attach_envs(self, layout: RingLayout, views: Mapping[Key, np.ndarray]) -> None:
+        is_init = layout.request_sources(views, ("is_init",))
+        self._store.bind(is_init, request_envs(layout, np.arange(len(is_init))))
+
+    def load(self, flat: np.ndarray) -> int:
+        self._store.load(flat)
+        return super().load(flat)
+
+
+class RecurrentHostStep(_WithStates, HostStep):
     """A recurrent policy on the CPU; the store's tensors are CPU tensors."""
 
     def __init__(
@@ -40,10 +57,6 @@ class RecurrentHostStep(HostStep):
     ) -> None:
         super().__init__(runner, observations, capacity)
         self.states = self._store = states
-
-    def load(self, flat: np.ndarray) -> int:
-        self._store.load(flat)
-        return super().load(flat)
 
     def run(self, rows: int) -> tuple[dict[Key, np.ndarray], StepTimes]:
         rng = self._rng
@@ -59,7 +72,7 @@ class RecurrentHostStep(HostStep):
         return {key: value.detach().numpy() for key, value in out.items()}, (0.0, 0.0)
 
 
-class RecurrentDeviceStep(DeviceStep):
+class RecurrentDeviceStep(_WithStates, DeviceStep):
     """A recurrent policy on a CUDA device: eager, compiled and/or graphed."""
 
     def __init__(
@@ -104,10 +117,6 @@ class RecurrentDeviceStep(DeviceStep):
     def attach(self, rings: Mapping[Path, np.ndarray], *, register: bool = True) -> None:
         super().attach(rings, register=register)
         self._store.reset()  # the whole-step capture ran the step once
-
-    def load(self, flat: np.ndarray) -> int:
-        self._store.load(flat)
-        return super().load(flat)
 
     def _copy_up(self, rows: int) -> None:
         super()._copy_up(rows)

@@ -76,7 +76,7 @@ class PolicyRng(ABC):
 
 class HostRng(PolicyRng):
     """On the CPU: the stream's numbers (its generator state as bytes) are swapped into
-    the default generator and back, about 1 µs each way."""
+    the default generator and back around each call: one state copy each way."""
 
     def __init__(self, seed: int | None) -> None:
         self._generator = torch.default_generator

@@ -16,12 +16,12 @@ Each pass of its loop is a few named, timed phases::
              into the requests' rows
     respond  each served request's worker is woken (one message per request)
 
-A request holds ``layout.request_columns`` observations (one group of a worker's envs,
+A request holds ``layout.request_columns`` observations (one split of a worker's columns,
 or the sub-envs a vector env returned); which rows of the ring they are is
 ``rlcollect.transports.layout.request_rows``. A batch is a whole number of requests:
 at most ``max_batch_size`` rows, and never less than one request. Requests are served
 in the order they arrived, so a worker holding several gets its responses in the order
-it asked: that is what lets a worker keep one request per group of envs outstanding.
+it asked: that is what lets a worker keep one request per split outstanding.
 
 Once a second the loop also times how long the thread waits to take the interpreter
 lock back after letting go of it, and warns once where another thread of the process
@@ -49,11 +49,12 @@ import torch
 
 from rlcollect.errors import ChannelClosed, InferenceError
 from rlcollect.inference.base import InferenceBackend
+from rlcollect.inference.checks import check_weights, scatter_outputs
 from rlcollect.inference.lock_wait import LockWatch
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
 from rlcollect.transports.base import RequestEnd
-from rlcollect.transports.layout import Key, RingLayout, request_envs, request_rows
+from rlcollect.transports.layout import Key, RingLayout, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
 
@@ -225,9 +226,7 @@ class InferenceServer(InferenceBackend):
         # Every field requests touch, seen as [rows, *shape]: a batch is the rows that
         # request_rows names, read for observations and written for outputs.
         views = end.buffers
-        if step.states is not None:  # a recurrent policy: which env, and new episode?
-            is_init = layout.request_sources(views, ("is_init",))
-            step.states.bind(is_init, request_envs(layout, np.arange(len(is_init))))
+        step.attach_envs(layout, views)
         step.attach(
             {path: layout.request_sources(views, ("observation", *path)) for path in runner.paths}
         )
@@ -348,7 +347,7 @@ class InferenceServer(InferenceBackend):
         if self._runner.device.type == "cpu":
             # Per-thread (OpenMP) setting: the caller's threads keep theirs. On the CPU the
             # cores belong to the env workers; an intra-op pool that spins between small
-            # forwards takes them away (measured in benchmarks/cpu_collection.py).
+            # forwards takes them away (``benchmarks/cpu_collection.py`` compares both).
             torch.set_num_threads(1)
         try:
             self._loop()
@@ -484,73 +483,3 @@ class InferenceServer(InferenceBackend):
         self._batches += 1
         self._rows += rows
         self._batch_sizes[min(rows, len(self._batch_sizes) - 1)] += 1
-
-
-def scatter_outputs(
-    outputs: Mapping[Key, np.ndarray], fields: Mapping[Key, np.ndarray], flat: np.ndarray
-) -> None:
-    """Write a batch's outputs into rows ``flat`` of their ring fields (``[rows, ...]``),
-    each checked first (the server's batches and a worker's own requests alike).
-
-    Raises:
-        ValueError: the policy returned other outputs, or another shape per env, than
-            when the collector was built.
-        TypeError: see :func:`check_output`.
-    """
-    if outputs.keys() != fields.keys():
-        raise ValueError(
-            f"policy returned outputs {sorted(outputs)}, but {sorted(fields)} "
-            "when the collector was built"
-        )
-    for key, src in outputs.items():
-        dst = fields[key]
-        check_output(key, src, dst)
-        dst[flat] = src
-
-
-def check_output(key: Key, src: np.ndarray, dst: np.ndarray) -> None:
-    """Check a policy output ``[B, ...]`` against the ring field it goes to (``[rows,
-    ...]``), by shape per env and by dtype (both backends and the workers' own policy).
-
-    Raises:
-        ValueError: another shape per env than when the collector was built.
-        TypeError: a dtype the field's cannot hold without loss (floats into integers).
-    """
-    if src.shape[1:] != dst.shape[1:]:
-        raise ValueError(
-            f"policy output {key} has shape {src.shape[1:]} per env, but it had "
-            f"{dst.shape[1:]} when the collector was built"
-        )
-    if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, "same_kind"):
-        # numpy's assignment would cast anyway: floats into integers, truncated
-        raise TypeError(
-            f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when "
-            "the collector was built; a cast would lose what it holds"
-        )
-
-
-def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Check new weights against the policy's ``shapes`` by name, before anything changes
-    (both inference backends).
-
-    Raises:
-        KeyError: a name missing, or one the policy lacks.
-        TypeError: a weight that is not a tensor (checked here so that no copy can fail
-            half-way through an update).
-        ValueError: a weight of another shape.
-    """
-    missing = set(shapes) - set(state_dict)
-    unexpected = set(state_dict) - set(shapes)
-    if missing or unexpected:
-        raise KeyError(
-            f"weights do not match the policy: missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
-    for name, value in state_dict.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"weight {name!r} is a {type(value).__name__}, not a torch.Tensor")
-    for name, value in state_dict.items():
-        if tuple(value.shape) != shapes[name]:
-            raise ValueError(
-                f"weight {name!r} has shape {tuple(value.shape)}, the policy's has {shapes[name]}"
-            )

@@ -15,16 +15,14 @@ chosen once, at construction:
     ``attach`` page-locks the ring's observation fields where it is their own memory
     (``cudaHostRegister``, mapped), through a second mapping of their pages (``_alias``:
     the caller's batches may view the ring, and must stay pageable memory, below), and
-    the gather then runs on the GPU: one
-    ``index_select`` per field reads the batch's rows straight out of host memory over
-    the bus, so the CPU copies nothing. (Safe under the ring's protocol: the kernel is
-    launched only after the server has read the rows' request messages, and device
-    reads of page-locked host memory see what the CPUs wrote.) Where registration is
-    refused, ``load`` gathers into page-locked staging buffers and ``run`` copies them
-    up asynchronously.
-    Outputs come back into page-locked arrays; the server thread waits once per batch,
-    on one event, never per request. Everything runs on the server's own CUDA stream.
-    Optionally:
+    the gather then runs on the GPU: one ``index_select`` per field reads the batch's
+    rows straight out of host memory over the bus, so the CPU copies nothing. (Safe
+    under the ring's protocol: the kernel is launched only after the server has read the
+    rows' request messages, and device reads of page-locked host memory see what the
+    CPUs wrote.) Where registration is refused, ``load`` gathers into page-locked
+    staging buffers and ``run`` copies them up asynchronously. Outputs come back into
+    page-locked arrays; the server thread waits once per batch, on one event, never per
+    request. Everything runs on the server's own CUDA stream. Optionally:
 
     * ``compile``: the action step goes through ``torch.compile``; each padded batch
       size is compiled during construction (warm-up), never in the middle of collection.
@@ -65,7 +63,7 @@ import torch
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.recurrent import StateStore
 from rlcollect.inference.rng import DeviceRng, HostRng
-from rlcollect.transports.layout import Field, Key, Path
+from rlcollect.transports.layout import Field, Key, Path, RingLayout
 
 # The strategies (ActionStep, HostStep, DeviceStep) are the inference server's business;
 # users build one with build.py's build_action_step and hand it over.
@@ -102,6 +100,10 @@ class ActionStep(ABC):
     def attach(self, rings: Mapping[Path, np.ndarray]) -> None:
         """Bind to the ring: each observation field as ``[rows, *shape]``."""
         self._rings = dict(rings)
+
+    def attach_envs(self, layout: RingLayout, views: Mapping[Key, np.ndarray]) -> None:  # noqa: B027
+        """Bind a recurrent step's states to the ring: each request row's env and its
+        ``is_init`` (``recurrent_step.py``). A feed-forward step keeps no env's state."""
 
     def load(self, flat: np.ndarray) -> int:
         """Gather rows ``flat`` (flat row indices) of every field; returns the row count."""
@@ -195,12 +197,9 @@ class DeviceStep(ActionStep):
         self._index_np = self._index_pin.numpy()
         self._index_dev = torch.empty(cap, dtype=torch.int64, device=device)
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        # The last event is the one waited on. A blocking event (the thread sleeps until
-        # the GPU is done) was tried and measured on the H200: the forward phase per
-        # batch of 32 grew from 240-254 us to 281-347 us, on the critical path of every
-        # vector-env worker's cycle; the spin wait is kept (results/archive/h200/threads).
-        # With 16 worker processes on 16 cores the spin still wins: a blocking wait cost
-        # 10-20% of the frames (results/archive/h200/server_step).
+        # The last event is the one waited on, spinning: a blocking event (the thread
+        # sleeps until the GPU is done) adds its wake-up to every batch, on the critical
+        # path of every worker's cycle (docs/decisions/ keeps the measurements).
         self._events = [
             torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             for _ in range(4)

@@ -1,0 +1,95 @@
+"""What the policy hands back, checked before it lands anywhere.
+
+Outputs go into the ring's rows (:func:`scatter_outputs`, each checked by
+:func:`check_output`), new weights into the served policy (:func:`check_weights`). Every
+backend shares these checks, so a policy that changes an output's shape or dtype, or
+weights that do not match, fail with the same message whichever backend serves it: the
+server's batches, the in-worker policy's own requests, the process backend's and the
+distributed collector's weight updates.
+
+New weights are checked whole before any is copied, so a failed update leaves the policy
+as it was. An output is checked before it is written: a new shape or a lossy cast fails,
+naming the output, where numpy would broadcast or truncate it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlcollect.transports.layout import Key
+
+__all__ = ["check_output", "check_weights", "scatter_outputs"]
+
+
+def scatter_outputs(
+    outputs: Mapping[Key, np.ndarray], fields: Mapping[Key, np.ndarray], flat: np.ndarray
+) -> None:
+    """Write a batch's outputs into rows ``flat`` of their ring fields (``[rows, ...]``),
+    each checked first (the server's batches and a worker's own requests alike).
+
+    Raises:
+        ValueError: the policy returned other outputs, or another shape per env, than
+            when the collector was built.
+        TypeError: see :func:`check_output`.
+    """
+    if outputs.keys() != fields.keys():
+        raise ValueError(
+            f"policy returned outputs {sorted(outputs)}, but {sorted(fields)} "
+            "when the collector was built"
+        )
+    for key, src in outputs.items():
+        dst = fields[key]
+        check_output(key, src, dst)
+        dst[flat] = src
+
+
+def check_output(key: Key, src: np.ndarray, dst: np.ndarray) -> None:
+    """Check a policy output ``[B, ...]`` against the ring field it goes to (``[rows,
+    ...]``), by shape per env and by dtype (both backends and the workers' own policy).
+
+    Raises:
+        ValueError: another shape per env than when the collector was built.
+        TypeError: a dtype the field's cannot hold without loss (floats into integers).
+    """
+    if src.shape[1:] != dst.shape[1:]:
+        raise ValueError(
+            f"policy output {key} has shape {src.shape[1:]} per env, but it had "
+            f"{dst.shape[1:]} when the collector was built"
+        )
+    if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, "same_kind"):
+        # numpy's assignment would cast anyway: floats into integers, truncated
+        raise TypeError(
+            f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when "
+            "the collector was built; a cast would lose what it holds"
+        )
+
+
+def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Check new weights against the policy's ``shapes`` by name, before anything changes
+    (both inference backends).
+
+    Raises:
+        KeyError: a name missing, or one the policy lacks.
+        TypeError: a weight that is not a tensor (checked here so that no copy can fail
+            half-way through an update).
+        ValueError: a weight of another shape.
+    """
+    missing = set(shapes) - set(state_dict)
+    unexpected = set(state_dict) - set(shapes)
+    if missing or unexpected:
+        raise KeyError(
+            f"weights do not match the policy: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"weight {name!r} is a {type(value).__name__}, not a torch.Tensor")
+    for name, value in state_dict.items():
+        if tuple(value.shape) != shapes[name]:
+            raise ValueError(
+                f"weight {name!r} has shape {tuple(value.shape)}, the policy's has {shapes[name]}"
+            )
