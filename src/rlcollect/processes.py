@@ -169,15 +169,12 @@ def map_every_page(mapping: mmap.mmap) -> None:
 
     Why: a process takes a page fault on its first access to each page of a shared
     mapping, even where another process mapped the page long ago. A worker of a pooled
-    ring writes places all over the ring as it is given them
-    (``collector/batches/pooled.py``), so every place it had not written before cost it
-    a fault per 4 KB page, about 1 us each: 4 Pong workers on 2 cores took 150,000 to
-    235,000 faults in their first 30 batches, still rising, where workers that write
-    only their own slots take none after the first batch
-    (``benchmarks/results/archive/pool_faults_cpu/``). On a 16-core GPU host, 64 Pong
-    envs ran 1.25x as fast with the ring mapped at start
-    (``benchmarks/results/archive/h100/map_every_page/``). Mapped at start, the ring
-    costs each worker its page-table entries (8 bytes a page) and one pass over them."""
+    ring writes slots all over the ring as it is given them
+    (``collector/batches/pooled.py``), so every slot it had not written before would
+    cost it a fault per 4 KB page, for many batches, where a worker that writes only
+    its own slots takes none after the first batch. Mapped at start, the ring costs
+    each worker its page-table entries (8 bytes a page) and one pass over them (the
+    measurements: ``docs/decisions/``)."""
     try:
         mapping.madvise(_MADV_POPULATE_WRITE)
     except (OSError, ValueError):
@@ -269,8 +266,9 @@ def read_handoff() -> tuple[Any, bytes]:
 def batch_scheduling() -> None:
     """Mark this process a batch job (Linux ``SCHED_BATCH``): a worker woken by its
     response then does not preempt the driver's inference thread, which has other
-    workers to wake (on 2 cores with Pong: 220-290 µs per batch of wake-ups without it,
-    17-19 µs with it). Elsewhere, or if refused, the default policy is a little slower."""
+    workers to wake, so a batch of wake-ups takes a fraction of the time it takes
+    without it (``docs/decisions/``). Elsewhere, or if refused, the default policy is a
+    little slower."""
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None:
         return

@@ -57,14 +57,14 @@ def test_bad_layouts_are_rejected():
         layout.views(np.zeros(3, np.uint8))
 
 
-def test_in_place_requests_address_one_group_of_one_position():
+def test_in_place_requests_address_one_split_of_one_position():
     layout = RingLayout(fields=FIELDS, num_workers=2, columns=4, chunk_steps=3, slots=2, splits=2)
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     assert layout.request_columns == 2 and layout.requests_per_worker == 12
     obs = layout.request_sources(views, ("observation",))
     assert obs.shape == (2 * 6 * 4, 3, 5)
     assert np.shares_memory(obs, views[("observation",)])  # a view: nothing is copied
-    # worker 1, position 4, group 1 -> request 4 * 2 + 1
+    # worker 1, position 4, split 1 -> request 4 * 2 + 1
     rows = request_rows(layout, views, np.array([1]), np.array([9]))
     obs[rows] = 7
     assert (views[("observation",)][1, 4, 2:] == 7).all()
@@ -130,30 +130,31 @@ def pooled(**kwargs):
     return RingLayout(fields=FIELDS, pooled=True, **sizes)
 
 
-def test_a_pooled_rings_workers_each_see_every_place_and_their_own_progress():
+def test_a_pooled_rings_workers_each_see_every_slot_and_their_own_progress():
     layout = pooled()
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     assert views[("observation",)].shape == (3, 6, 4, 3, 5)  # the same views as ever
     assert layout.credited_slots == 9 and layout.requests_per_worker == 9 * 2
     assert [layout.first_credits(w) for w in range(3)] == [(0, 3), (1, 4), (2, 5)]
     mine = layout.worker_buffers(views, 2)
-    assert mine[("action",)].shape == (18, 4)  # [places * chunk_steps, envs]
-    mine[("action",)][2 * 4 + 1] = 7  # place 4 (worker 1's slot 1), step 1
+    assert mine[("action",)].shape == (18, 4)  # [credited_slots * chunk_steps, columns]
+    mine[("action",)][2 * 4 + 1] = 7  # slot 4 of the ring (worker 1's slot 1), step 1
     assert views[("action",)][1, 3].tolist() == [7] * 4
     assert np.shares_memory(mine[PROGRESS], views[PROGRESS][2])
     assert not np.shares_memory(mine[PROGRESS], views[PROGRESS][1])
     plain = dataclasses.replace(layout, pooled=False)
     assert plain.credited_slots == 3 and plain.first_credits(2) == (0, 1, 2)
     assert plain.worker_buffers(views, 2)[("action",)].shape == (6, 4)
+    assert layout.worker_spans_ring and not plain.worker_spans_ring
 
 
-def test_a_block_is_its_places_in_order_one_contiguous_view():
+def test_a_block_is_its_slots_in_order_one_contiguous_view():
     layout = pooled()
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
-    whole = layout.worker_buffers(views, 0)[("action",)]  # [place * 2 + step, env]
-    places, steps, envs = np.meshgrid(np.arange(9), np.arange(2), np.arange(4), indexing="ij")
-    whole[...] = (places * 100 + steps * 10 + envs).reshape(18, 4)  # each cell names itself
-    block = layout.block(views, ("action",), 1)  # places 3, 4 and 5
+    whole = layout.worker_buffers(views, 0)[("action",)]  # [slot * 2 + step, column]
+    slots, steps, cols = np.meshgrid(np.arange(9), np.arange(2), np.arange(4), indexing="ij")
+    whole[...] = (slots * 100 + steps * 10 + cols).reshape(18, 4)  # each cell names itself
+    block = layout.block(views, ("action",), 1)  # slots 3, 4 and 5
     assert block.flags.c_contiguous and np.shares_memory(block, whole)
     expected = [p * 100 + t * 10 + e for p in (3, 4, 5) for t in range(2) for e in range(4)]
     assert block.tolist() == expected
@@ -162,11 +163,11 @@ def test_a_block_is_its_places_in_order_one_contiguous_view():
         dataclasses.replace(layout, pooled=False).block(views, ("action",), 0)
 
 
-@pytest.mark.parametrize("groups", [1, 2, 4])
-def test_pooled_requests_address_the_cells_of_the_place_they_name(groups):
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_pooled_requests_address_the_cells_of_the_slot_they_name(splits):
     """A request's position is one of the whole ring's, whichever worker makes it: its
-    rows are that place's group of envs; they name no env (the writer does)."""
-    layout = pooled(splits=groups)
+    rows are that slot's split of columns; they name no env (the writer does)."""
+    layout = pooled(splits=splits)
     views = layout.views(np.zeros(layout.nbytes, np.uint8))
     action = layout.request_sources(views, ("action",))
     whole = layout.worker_buffers(views, 0)[("action",)]
@@ -174,7 +175,7 @@ def test_pooled_requests_address_the_cells_of_the_place_they_name(groups):
     for q in range(layout.requests_per_worker):
         rows = request_rows(layout, views, np.array([q % 3]), np.array([q]))
         action[rows] = q + 1
-        p, g = divmod(q, groups)
+        p, g = divmod(q, splits)
         assert (whole[p, g * c : (g + 1) * c] == q + 1).all()
     assert len(np.unique(action)) == layout.requests_per_worker  # every cell, once
     with pytest.raises(ValueError, match="pooled"):

@@ -19,7 +19,7 @@ from programs import PaddedProgram
 from rlcollect import AsyncBatchedCollector
 from rlcollect.errors import CollectorError, WorkerError
 from rlcollect.testing import counting_layout, counting_programs
-from rlcollect.testing._checks import _handed, _mark_places
+from rlcollect.testing._checks import _handed, _mark_slots
 from rlcollect.transports import ProcessSlotTransport
 
 
@@ -28,6 +28,22 @@ def start(num_workers=2):
     layout = counting_layout(num_workers=num_workers, columns=1, chunk_steps=2, slots=2)
     end = t.start(layout, counting_programs(layout))
     return t, end
+
+
+def test_segments_names_the_ring_in_dev_shm_until_close():
+    """segments() names what the transport created: nothing before start, the ring's
+    segment (in /dev/shm) once started; close() unlinks it."""
+    t = ProcessSlotTransport()
+    assert t.segments() == ()
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=2, slots=2)
+    t.start(layout, counting_programs(layout))
+    try:
+        assert t.segments() == (t.shm_name,)
+        assert os.path.exists(f"/dev/shm/{t.shm_name}")
+    finally:
+        t.close()
+    assert t.segments() == (t.shm_name,)
+    assert not os.path.exists(f"/dev/shm/{t.shm_name}")
 
 
 def test_segment_is_owner_only_and_gone_after_close():
@@ -116,29 +132,29 @@ def test_a_ring_of_more_slots_than_one_write_of_credits_holds_is_refused():
     transport.close()
 
 
-def test_a_pooled_ring_of_more_places_than_a_credit_can_name_is_refused():
+def test_a_pooled_ring_of_more_slots_than_a_credit_can_name_is_refused():
     layout = dataclasses.replace(
         counting_layout(num_workers=1, columns=1, chunk_steps=1, slots=2**16 + 1),
         pooled=True,
     )
     transport = ProcessSlotTransport()
-    with pytest.raises(ValueError, match="at most 65536 places in a pooled ring"):
+    with pytest.raises(ValueError, match="at most 65536 slots in a pooled ring"):
         transport.start(layout, counting_programs(layout))
     transport.close()
 
 
-def test_credits_name_places_past_a_byte():
-    """Two workers of a pooled ring of 600 places: a credit names places 300 and 599 (more
-    than a byte holds), and each worker writes the place named, not a byte of it."""
+def test_credits_name_slots_past_a_byte():
+    """Two workers of a pooled ring of 600 slots: a credit names slots 300 and 599 (more
+    than a byte holds), and each worker writes the slot named, not a byte of it."""
     layout = dataclasses.replace(
         counting_layout(num_workers=2, columns=1, chunk_steps=1, slots=300), pooled=True
     )
     transport = ProcessSlotTransport()
-    end = transport.start(layout, [_mark_places] * 2)
+    end = transport.start(layout, [_mark_slots] * 2)
     steps = end.buffers[("step",)]
     try:
-        first = _handed(end, 4)  # each worker's first credits: places 0-3
-        assert sorted(place for _, place in first) == [0, 1, 2, 3]
+        first = _handed(end, 4)  # each worker's first credits: slots 0-3
+        assert sorted(slot for _, slot in first) == [0, 1, 2, 3]
         end.release(0, 300)
         end.release(1, 599)
         assert sorted(_handed(end, 2)) == [(0, 300), (1, 599)]
@@ -149,19 +165,19 @@ def test_credits_name_places_past_a_byte():
 
 
 def test_a_worker_of_a_pooled_ring_maps_the_whole_ring_at_start():
-    """Each worker writes places all over a pooled ring, so it maps every page of it
-    before its first place (processes.map_every_page): its resident shared memory is
-    the whole ring once it has handed its first places over, where it has written only
-    four of twelve places (a third of the ring)."""
+    """Each worker writes slots all over a pooled ring, so it maps every page of it
+    before its first slot (processes.map_every_page): its resident shared memory is
+    the whole ring once it has handed its first slots over, where it has written only
+    four of twelve slots (a third of the ring)."""
     layout = dataclasses.replace(
         counting_layout(num_workers=2, columns=1, chunk_steps=2048, slots=6),
         pooled=True,
     )
     assert layout.nbytes > 64 * os.sysconf("SC_PAGE_SIZE")
     transport = ProcessSlotTransport()
-    end = transport.start(layout, [_mark_places] * 2)
+    end = transport.start(layout, [_mark_slots] * 2)
     try:
-        assert sorted(place for _, place in _handed(end, 4)) == [0, 1, 2, 3]
+        assert sorted(slot for _, slot in _handed(end, 4)) == [0, 1, 2, 3]
         for pid in transport.pids:
             status = Path(f"/proc/{pid}/status").read_text()
             kib = int(
@@ -219,8 +235,8 @@ def test_start_does_not_wait_for_workers_to_read_their_programs(tmp_path, monkey
 
 @pytest.mark.parametrize("backend", ["thread", "worker"])
 def test_stopped_workers_run_their_exit_handlers(tmp_path, backend):
-    # A stopped worker exits without the interpreter's teardown (0.4 s with torch
-    # imported, which close() would wait for), but after the exit handlers its envs
+    # A stopped worker exits without the interpreter's teardown (slow with torch
+    # imported, and close() would wait for it), but after the exit handlers its envs
     # registered; close() returns once every worker has exited.
     factories = [functools.partial(exit_marking, str(tmp_path), i) for i in range(4)]
     with AsyncBatchedCollector(

@@ -37,9 +37,6 @@ from rlcollect.collector.collector import AsyncBatchedCollector
 from rlcollect.distributed.failures import Failure, describe
 from rlcollect.distributed.rows import Rows, to_rows
 from rlcollect.errors import CollectorError
-from rlcollect.inference.in_worker_policy import InWorkerBackend
-from rlcollect.inference.process import ProcessInference
-from rlcollect.transports.process_slots import ProcessSlotTransport
 
 __all__ = ["CollectorActor"]
 
@@ -265,9 +262,7 @@ class CollectorActor:
 def _segments(collector: AsyncBatchedCollector) -> list[str]:
     """The shared-memory segments the collector made on this node: should this actor be
     killed (its worker processes with it), the driver unlinks what is left of them."""
-    names = []
-    if isinstance(collector.transport, ProcessSlotTransport) and collector.transport.shm_name:
-        names.append(collector.transport.shm_name)
-    if isinstance(collector.server, ProcessInference | InWorkerBackend):
-        names.append(collector.server.shm_name)
+    names = list(collector.transport.segments())
+    if collector.server is not None:
+        names += collector.server.segments()
     return names

@@ -77,3 +77,9 @@ class InferenceBackend(ABC):
     @abstractmethod
     def stats(self) -> dict[str, Any]:
         """Batches, batch sizes, time per phase and request latency (see the server)."""
+
+    def segments(self) -> tuple[str, ...]:
+        """Names of the shared-memory segments (``/dev/shm``) this backend created and
+        :meth:`stop` unlinks, for whoever must unlink them should its process be killed
+        first (a Ray actor's: ``distributed/fleet.py``). None by default."""
+        return ()

@@ -314,6 +314,10 @@ class InWorkerBackend(InferenceBackend):
         self._last_stats: dict[str, Any] = {}
         self.shm_name = self._board.name  # the board's segment (unlinked by stop())
 
+    def segments(self) -> tuple[str, ...]:
+        """The weights board's segment (:attr:`shm_name`)."""
+        return (self.shm_name,)
+
     def local_policy(self) -> InWorkerPolicy:
         """What a worker builds its policy and finds the board from."""
         assert self._board is not None

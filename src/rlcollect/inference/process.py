@@ -199,6 +199,10 @@ class ProcessInference(InferenceBackend):
         """Name of the weights segment (under ``/dev/shm``)."""
         return self._shm_name
 
+    def segments(self) -> tuple[str, ...]:
+        """The weights segment (:attr:`shm_name`)."""
+        return (self._shm_name,)
+
     def start(self) -> None:
         """Start the inference process; returns once it serves (after any compile or
         capture), or raises what stopped it."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -56,7 +57,7 @@ def _check_round_trip(make_transport: Callable[[], Transport]) -> None:
 
 
 def _check_double_buffered_round_trip(make_transport: Callable[[], Transport]) -> None:
-    """Two requests per worker outstanding (two groups of envs): the same guarantees.
+    """Two requests per worker outstanding (two splits of its columns): the same guarantees.
 
     The transport must deliver a worker's requests in the order it made them and one
     response per request.
@@ -166,7 +167,7 @@ def _check_restart(make_transport: Callable[[], Transport]) -> None:
     ``supports_restart`` pass trivially.)"""
     if not make_transport().supports_restart:
         return
-    # Two groups: when env 3 fails, the other group's request is outstanding, and its
+    # Two splits: when env 3 fails, the other split's request is outstanding, and its
     # answer must not reach the new worker. Env 3 fails in its 7th step (episode 0 lasts
     # 4), the first of the 4th chunk: the worker has handed over 3 chunks by then.
     layout = counting_layout(num_workers=2, columns=2, chunk_steps=2, slots=2, splits=2)
@@ -265,20 +266,20 @@ def _check_named_slots(make_transport: Callable[[], Transport]) -> None:
         transport.close()
 
 
-def _mark_places(end: WorkerEnd) -> None:
-    """A worker program that writes its index plus 100 into each place it is given (a
-    pooled ring of one-step places) and hands it over."""
-    steps = end.buffers[("step",)]  # pooled: every place of the ring
+def _mark_slots(end: WorkerEnd) -> None:
+    """A worker program that writes its index plus 100 into each slot it is given (a
+    pooled ring of one-step slots) and hands it over."""
+    steps = end.buffers[("step",)]  # pooled: every slot of the ring
     while True:
-        place = end.wait_slot()
-        assert place is not None
-        steps[place] = 100 + end.index
-        end.hand_over(place)
+        slot = end.wait_slot()
+        assert slot is not None
+        steps[slot] = 100 + end.index
+        end.hand_over(slot)
 
 
 def _check_pooled_ring(make_transport: Callable[[], Transport]) -> None:
     """A pooled ring's workers start with ``RingLayout.first_credits``, write the
-    place their credit names, whichever worker wrote it before, and see the whole ring.
+    slot their credit names, whichever worker wrote it before, and see the whole ring.
     (Transports whose ``pool_slots`` is 0 pass trivially.)"""
     if not make_transport().pool_slots:
         return
@@ -286,24 +287,41 @@ def _check_pooled_ring(make_transport: Callable[[], Transport]) -> None:
         counting_layout(num_workers=2, columns=1, chunk_steps=1, slots=3), pooled=True
     )
     transport = make_transport()
-    end = transport.start(layout, [_mark_places] * layout.num_workers)
+    end = transport.start(layout, [_mark_slots] * layout.num_workers)
     steps = end.buffers[("step",)]
 
-    def written(place: int) -> int:
-        return int(steps[place // layout.slots, place % layout.slots, 0])
+    def written(slot: int) -> int:
+        return int(steps[slot // layout.slots, slot % layout.slots, 0])
 
     try:
         first = _handed(end, 4)
         for w in range(layout.num_workers):
             mine = tuple(s for v, s in first if v == w)
             assert mine == layout.first_credits(w), (
-                f"worker {w} was given places {mine} at first, not {layout.first_credits(w)}"
+                f"worker {w} was given slots {mine} at first, not {layout.first_credits(w)}"
             )
             assert all(written(s) == 100 + w for s in mine), f"worker {w} wrote elsewhere"
-        end.release(0, 4)  # worker 1's place before: any worker writes any place
+        end.release(0, 4)  # worker 1's slot before: any worker writes any slot
         end.release(1, 2)
         then = sorted(_handed(end, 2))
-        assert then == [(0, 4), (1, 2)], f"places {then} came back, not [(0, 4), (1, 2)]"
-        assert written(4) == 100 and written(2) == 101, "a place was not written where named"
+        assert then == [(0, 4), (1, 2)], f"slots {then} came back, not [(0, 4), (1, 2)]"
+        assert written(4) == 100 and written(2) == 101, "a slot was not written where named"
     finally:
         transport.close()
+
+
+def _check_segments(make_transport: Callable[[], Transport]) -> None:
+    """Every shared-memory segment ``segments()`` names is in ``/dev/shm`` while the
+    transport runs, and gone once it is closed. (Transports that name none pass
+    trivially.)"""
+    layout = counting_layout(num_workers=2, columns=1, chunk_steps=1, slots=1)
+    transport = make_transport()
+    transport.start(layout, counting_programs(layout))
+    try:
+        names = transport.segments()
+        missing = [n for n in names if not os.path.exists(os.path.join("/dev/shm", n))]
+        assert not missing, f"segments() names {missing}, which /dev/shm does not hold"
+    finally:
+        transport.close()
+    left = [n for n in names if os.path.exists(os.path.join("/dev/shm", n))]
+    assert not left, f"segments {left} are still in /dev/shm after close()"

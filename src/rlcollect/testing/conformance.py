@@ -19,6 +19,7 @@ from rlcollect.testing._checks import (
     _check_pooled_ring,
     _check_restart,
     _check_round_trip,
+    _check_segments,
     _check_staged_round_trip,
     _check_worker_error,
 )
@@ -37,6 +38,7 @@ CHECKS: dict[str, Callable[[Callable[[], Transport]], None]] = {
     "restart": _check_restart,
     "named_slots": _check_named_slots,
     "pooled_ring": _check_pooled_ring,
+    "segments": _check_segments,
 }
 """The conformance checks by name, in the order :func:`check_transport` runs them; run
 one alone as ``CHECKS[name](make_transport)`` (each raises ``AssertionError`` saying
@@ -46,7 +48,7 @@ what went wrong). What each one checks:
   and in order, each action reaches the env whose observation it was computed from,
   and each worker hands its slots over in order.
 * ``double_buffered_round_trip``: the same with two requests per worker outstanding
-  (two groups of envs): a worker's requests reach the server in the order it made
+  (two splits of its columns): a worker's requests reach the server in the order it made
   them, one response each.
 * ``staged_round_trip``: the same with vector envs that return arbitrary subsets of
   their sub-envs (staged requests).
@@ -65,8 +67,10 @@ what went wrong). What each one checks:
   slot once from 0 up, then the slots ``release`` gives back, in the order it gives
   them, however that differs from the order they were handed over.
 * ``pooled_ring``: (transports with ``pool_slots`` only) in a pooled ring, each worker
-  starts with ``RingLayout.first_credits`` and writes the place each credit names, in
-  the whole ring its ``buffers`` show, whichever worker wrote the place before.
+  starts with ``RingLayout.first_credits`` and writes the slot each credit names, in
+  the whole ring its ``buffers`` show, whichever worker wrote the slot before.
+* ``segments``: every shared-memory segment ``Transport.segments()`` names is in
+  ``/dev/shm`` while the transport runs, and gone once it is closed.
 """
 
 

@@ -18,8 +18,8 @@ Data never travels in these messages: it lives in the ring buffers that both end
 carry indices only. What a request number ``q`` names in the ring is the layout's
 business (``layout.request_rows``), not the transport's.
 
-A worker holds at most ``layout.splits`` outstanding requests (one per group of envs:
-double buffering), and at most ``layout.slots`` chunks it has not had back; a transport
+A worker holds at most ``layout.splits`` outstanding requests (one per split of its
+columns: double buffering), and at most ``layout.slots`` chunks it has not had back; a transport
 may rely on both bounds. Each ``wait_response`` consumes one response, and responses are
 not labelled: a transport must deliver one worker's requests to ``wait_requests`` in
 the order the worker made them, and wake it once per entry in ``respond`` (a worker
@@ -33,15 +33,11 @@ away: worker waits raise :class:`~rlcollect.errors.ChannelClosed` once the drive
 closes or dies, and :meth:`ServerEnd.wait_chunks` raises
 :class:`~rlcollect.errors.WorkerError` once a worker has failed or died.
 
-Optional capabilities, each a class attribute of :class:`Transport`: restarting a failed
-worker (``supports_restart``; the protocol is in ``transports/generations.py``), running
-workers in other processes (``pickles_programs``), handing the request side to an
-inference server in another process (``supports_request_channel``,
-:class:`RequestChannel`), credits that name the slot they give back (``names_slots``:
-``wait_slot`` returns it, so slots may come back in any order), and pooled rings
-(``pool_slots``: each worker's ``buffers`` and first credits are what
-``RingLayout.worker_buffers`` and ``RingLayout.first_credits`` say, so that a worker
-writes whichever place of the ring its credit names).
+Optional capabilities are class attributes of :class:`Transport`, each documented
+where it is defined: restarting a failed worker (``supports_restart``; the protocol is
+in ``transports/generations.py``), workers in other processes (``pickles_programs``),
+the request side served from another process (``supports_request_channel``), credits
+that name their slot (``names_slots``) and pooled rings (``pool_slots``).
 """
 
 from __future__ import annotations
@@ -92,7 +88,7 @@ class WorkerEnd(ABC):
         ...     slots=2,
         ... )
         >>> def program(end):
-        ...     obs = end.buffers[("observation",)]  # [positions, envs_per_worker]
+        ...     obs = end.buffers[("observation",)]  # [positions, columns]
         ...     try:
         ...         for step in itertools.count():
         ...             position = step % layout.positions
@@ -100,7 +96,7 @@ class WorkerEnd(ABC):
         ...             if t == 0:
         ...                 end.wait_slot()  # backpressure: a free slot to write
         ...             obs[position, 0] = step
-        ...             end.request(position)  # one group: request number = position
+        ...             end.request(position)  # one split: request number = position
         ...             end.wait_response()
         ...             if t == layout.chunk_steps - 1:
         ...                 end.hand_over(slot)
@@ -125,8 +121,8 @@ class WorkerEnd(ABC):
     index: int
     #: What this worker writes (``RingLayout.worker_buffers``): its part of the ring,
     #: every array of ``RingLayout.views`` without its leading worker dimension
-    #: (transition fields ``[positions, envs_per_worker, ...]``); a pooled ring's
-    #: transition fields whole (``[places * chunk_steps, envs_per_worker, ...]``).
+    #: (transition fields ``[positions, columns, ...]``); a pooled ring's transition
+    #: fields whole (``[credited_slots * chunk_steps, columns, ...]``).
     buffers: Mapping[Key, np.ndarray]
     #: True where :meth:`request` itself writes the actions before it returns (the
     #: policy run by the worker: ``inference_backend="worker"``), so a worker loop may
@@ -155,7 +151,7 @@ class WorkerEnd(ABC):
         Returns the slot, where the transport names it (``Transport.names_slots``): the
         slots ``release`` gave back, in the order it gave them (at first
         ``RingLayout.first_credits``: every slot, from 0 up; a pooled ring's worker, its
-        first two places). Otherwise None: the worker then writes its slots in turn,
+        first two slots). Otherwise None: the worker then writes its slots in turn,
         which is right as long as the driver releases them in the order they were
         handed over.
 
@@ -209,7 +205,7 @@ class RequestEnd(ABC):
     """
 
     #: The whole ring: every array of ``RingLayout.views`` (transition fields
-    #: ``[num_workers, positions, envs_per_worker, ...]``).
+    #: ``[num_workers, positions, columns, ...]``).
     buffers: Mapping[Key, np.ndarray]
 
     @abstractmethod
@@ -309,7 +305,7 @@ class ServerEnd(RequestEnd):
     @abstractmethod
     def release(self, worker: int, slot: int) -> None:
         """Give ``slot`` back to ``worker``: the driver has copied it out. (Pooled,
-        ``slot`` is the place the worker writes next, whichever worker wrote it last.)"""
+        ``slot`` is any slot of the ring, whichever worker wrote it last.)"""
 
 
 class Transport(ABC):
@@ -380,12 +376,18 @@ class Transport(ABC):
     #: then hands some batches out as views of their ring slot, which come back in the
     #: order the caller lets go of them (``collector/batches/loans.py``).
     names_slots: ClassVar[bool] = False
-    #: The most places of a pooled ring (``RingLayout.pooled``) the transport serves: it
+    #: The most slots of a pooled ring (``transports/slots.py``) the transport serves: it
     #: gives each worker ``RingLayout.worker_buffers`` and ``RingLayout.first_credits``,
-    #: and its credits name any of ``RingLayout.credited_slots`` (with ``names_slots``). 0: no
-    #: pooled rings; the collector then never asks for one, nor for one of more places
-    #: than this (``num_workers`` times ``loans.POOL_BLOCKS``: ``collector/batches/loans.py``).
+    #: and its credits name any of ``RingLayout.credited_slots`` (with ``names_slots``).
+    #: 0: no pooled rings; the collector then never asks for one, nor for one of more
+    #: slots than this (``num_workers`` times ``POOL_BLOCKS``: ``collector/batches/loans.py``).
     pool_slots: ClassVar[int] = 0
+
+    def segments(self) -> tuple[str, ...]:
+        """Names of the shared-memory segments (``/dev/shm``) this transport created and
+        :meth:`close` unlinks, for whoever must unlink them should its process be killed
+        first (a Ray actor's: ``distributed/fleet.py``). None by default."""
+        return ()
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Replace failed worker ``worker`` by a new one running ``program``.
@@ -414,8 +416,7 @@ class Transport(ABC):
     def worker_stack(self, worker: int) -> str | None:
         """The Python stack of ``worker`` now, for the error of a stalled worker
         (``stall_timeout``), or None where it cannot be had (a stopped process; by
-        default). Called from the consuming thread; returns within about a second.
-        """
+        default). Called from the consuming thread; returns within about a second."""
         return None
 
     def stop_worker(self, worker: int) -> bool:
@@ -423,8 +424,7 @@ class Transport(ABC):
         :meth:`ServerEnd.wait_chunks` as any worker's death does (after every chunk it
         handed over), and the collector restarts it (``max_worker_restarts``) or raises
         the stall. Returns False where a worker cannot be stopped (by default; threads):
-        the collector then raises the stall at once and leaves the worker behind.
-        """
+        the collector then raises the stall at once and leaves the worker behind."""
         return False
 
     def request_channel(self) -> RequestChannel:

@@ -1,44 +1,40 @@
 """The rollout ring: where every transition field lives while a chunk is being built.
 
-Each worker owns ``slots`` chunk buffers of ``chunk_steps`` steps for each of its
-``envs_per_worker`` envs (env columns: sub-envs of vector envs count one by one). A
-*position* ``p = slot * chunk_steps + t`` names one step of one worker; every
-transition field is seen as ``[num_workers, positions, envs_per_worker, *shape]``, so
-the driver copies a chunk out with one slice. All fields share one flat buffer, which
-is what makes a single shared-memory segment enough for a whole collector.
+Each worker owns ``slots`` chunk buffers (*slots*) of ``chunk_steps`` steps of each of
+its ``columns`` (env lanes: sub-envs of vector envs count one by one). A *position*
+``p = slot * chunk_steps + t`` names one step of one worker; every transition field is
+seen as ``[num_workers, positions, columns, *shape]``, so the driver copies a chunk out
+with one slice. All fields share one flat buffer, which is what makes a single
+shared-memory segment enough for a whole collector.
 
 A *pooled* ring (``pooled=True``) is the same memory seen another way: its
-``num_workers * slots`` chunk buffers are *places* that any worker may write, place
-``b`` being rows ``b * chunk_steps * envs_per_worker`` on of every field, and a worker
-writes the place its credit names (``first_credits`` gives each worker its first two).
-Every ``num_workers`` consecutive places are one contiguous *block*
-(:meth:`RingLayout.block`) of ``chunk_steps * num_workers * envs_per_worker`` rows:
-where that is a whole batch, the batch can view the ring instead of copying it, and
-the places of a block go to whichever workers ask for them first, so no worker waits
-for another (``collector/batches/pooled.py``). A worker's buffers are then the whole ring
-(:meth:`RingLayout.worker_buffers`); its progress record stays its own.
+``num_workers * slots`` slots are shared by every worker, a worker writes the slot its
+credit names, and every ``num_workers`` consecutive slots are one contiguous *block*
+(:meth:`RingLayout.block`), which a batch can view instead of copying. ``slots.py``
+holds both ways of addressing slots; :class:`RingLayout` answers every question whose
+answer differs (``credited_slots``, ``first_credits``, ``worker_buffers``,
+``worker_spans_ring``), so no transport reads ``pooled`` itself.
 
 Requests (what the inference server reads observations from and writes actions into)
 address the ring in one of two ways, fixed per collector:
 
 *In place* (envs stepped one by one; ``staging is None``)
-    A worker's envs form ``groups`` equal groups of ``envs_per_worker // groups``
-    columns. Request ``q = p * groups + g`` is group ``g`` at position ``p``: the
-    server reads its observations from, and writes its actions into, the very cells
-    that become the chunk's transitions. Nothing is copied for a request. (Pooled,
-    ``p`` is a position of the whole ring: of whichever place the worker writes.)
+    A worker's columns form ``splits`` equal splits of ``columns // splits`` columns.
+    Request ``q = p * splits + g`` is split ``g`` at position ``p``: the server reads
+    its observations from, and writes its actions into, the very cells that become the
+    chunk's transitions. Nothing is copied for a request. (Pooled, ``p`` is a position
+    of the whole ring: of whichever slot the worker writes.)
 
 *Staged* (vector envs; ``staging`` set)
     A vector env returns results for a subset of its sub-envs, so request columns do
-    not line up with per-env chunk columns. Each staged field (observation leaves,
-    policy outputs, ``policy_version``) has a second array
-    ``("staged", *key)`` of shape ``[num_workers, 2 * envs_per_worker, *shape]``: two
-    cells per env (env ``e``'s are ``e`` and ``e + envs_per_worker``), used in turn.
-    One holds the observation an env's action is being chosen for (and then the
-    outputs computed from it); the other still holds the step before, whose
-    transition the worker copies into the chunk *after* sending the new request, so
-    that copy is off the path from a result to its actions. Request ``q``
-    (``0 <= q < groups``, one per vector env of the worker) names the
+    not line up with chunk columns. Each staged field (observation leaves, policy
+    outputs, ``policy_version``) has a second array ``("staged", *key)`` of shape
+    ``[num_workers, 2 * columns, *shape]``: two cells per column (column ``e``'s are
+    ``e`` and ``e + columns``), used in turn. One holds the observation an env's action
+    is being chosen for (and then the outputs computed from it); the other still holds
+    the step before, whose transition the worker copies into the chunk *after* sending
+    the new request, so that copy is off the path from a result to its actions.
+    Request ``q`` (``0 <= q < splits``, one per vector env of the worker) names the
     ``staging.columns`` cells listed in ``("staged", "rows")[worker, q]``.
 
 :func:`request_rows` turns ``(worker, request)`` pairs into flat row indices for
@@ -52,6 +48,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from rlcollect.transports.slots import SlotAddressing, request_envs, slot_addressing
 
 __all__ = [
     "Field",
@@ -153,23 +151,23 @@ class RingLayout:
     """Shape of the rollout ring shared by all workers of one collector.
 
     ``splits`` is the number of requests a worker may hold at once (double buffering:
-    one split of its envs steps while another waits for its actions).
+    one split of its columns steps while another waits for its actions).
 
     Args:
         fields: every transition field (unique keys; none may start with ``"staged"``).
         num_workers: workers sharing the ring.
         columns: env columns per worker (sub-envs of vector envs one by one).
-        chunk_steps: steps of each env per chunk.
+        chunk_steps: steps of each column per chunk.
         slots: chunk slots per worker.
         splits: requests a worker may hold at once.
         staging: staged requests (vector envs), or None for in-place requests.
-        rounds: workers run in on-policy rounds (``on_policy=True``): every group steps
+        rounds: workers run in on-policy rounds (``on_policy=True``): every split steps
             a slot's last position before the worker waits for the next slot, so one
             slot is enough with ``splits > 1``.
-        pooled: the ring's chunk buffers are places any worker writes, named by its
-            credits (:meth:`first_credits`, :meth:`worker_buffers`), and every
-            ``num_workers`` of them one block (:meth:`block`). In place only, not in
-            rounds; the views are the same either way.
+        pooled: the ring's slots are shared by every worker, which writes the slot its
+            credit names (:meth:`first_credits`, :meth:`worker_buffers`), and every
+            ``num_workers`` of them are one block (:meth:`block`); ``slots.py``. In
+            place only, not in rounds; the views are the same either way.
 
     Raises:
         ValueError: a size that is not a positive int, duplicate or reserved keys,
@@ -190,7 +188,7 @@ class RingLayout:
         >>> layout.positions, layout.request_columns, layout.requests_per_worker
         (16, 3, 16)
         >>> views = layout.views(bytearray(layout.nbytes))
-        >>> views[("observation",)].shape  # [num_workers, positions, envs, *shape]
+        >>> views[("observation",)].shape  # [num_workers, positions, columns, *shape]
         (2, 16, 3, 4)
     """
 
@@ -222,16 +220,19 @@ class RingLayout:
                 f"{self.splits} equal groups"
             )
         if self.splits > 1 and self.slots < 2 and not self.rounds:
-            # The first group enters a new slot before the last one hands the old one over.
+            # The first split enters a new slot before the last one hands the old one over.
             raise ValueError("RingLayout with splits > 1 needs slots >= 2")
         if self.staging is not None:
             missing = set(self.staging.keys) - set(keys)
             if missing:
                 raise ValueError(f"Staging names fields the ring lacks: {sorted(missing)}")
-        if self.pooled and (self.staging is not None or self.rounds or self.slots < 2):
-            # Staged requests name a worker's own staging cells, and rounds a worker's
-            # own slot; each worker starts with two places (``first_credits``).
-            raise ValueError("a pooled RingLayout is in place, not in rounds, with slots >= 2")
+        self._slots.check(self)
+
+    @property
+    def _slots(self) -> SlotAddressing:
+        """How this ring's slots are addressed (``slots.py``): what every answer below
+        that differs between a pooled ring and another comes from."""
+        return slot_addressing(self.pooled)
 
     @property
     def positions(self) -> int:
@@ -240,17 +241,22 @@ class RingLayout:
 
     @property
     def credited_slots(self) -> int:
-        """Chunk buffers a worker's credits may name: ``slots``, or pooled, every
-        worker's (``num_workers * slots``)."""
-        return self.slots * self.num_workers if self.pooled else self.slots
+        """How many slot indices a worker's credits may name: ``slots``, or pooled,
+        every worker's (``num_workers * slots``)."""
+        return self._slots.credited_slots(self)
 
     def first_credits(self, worker: int) -> tuple[int, ...]:
         """The credits ``worker`` starts with, in order: every slot, ``0`` up; pooled,
-        place ``worker`` of block 0 and place ``worker`` of block 1 (two, so that a
-        worker never waits for its next place while the driver keeps up)."""
-        if self.pooled:
-            return (worker, self.num_workers + worker)
-        return tuple(range(self.slots))
+        slot ``worker`` of block 0 and slot ``worker`` of block 1 (two, so that a
+        worker never waits for its next slot while the driver keeps up)."""
+        return self._slots.first_credits(self, worker)
+
+    @property
+    def worker_spans_ring(self) -> bool:
+        """Whether a worker may write any slot of the ring, not only its own (pooled):
+        its buffers then span the whole ring, and a process transport maps every page
+        of it in each worker at start (``processes.map_every_page``)."""
+        return self._slots.spans_ring
 
     @property
     def request_columns(self) -> int:
@@ -299,11 +305,12 @@ class RingLayout:
     def views(self, buffer: memoryview | mmap.mmap | np.ndarray) -> dict[Key, np.ndarray]:
         """Numpy views of every array over ``buffer`` (``nbytes`` long, writable).
 
-        Transition fields under their keys, ``[num_workers, positions, envs_per_worker,
+        Transition fields under their keys, ``[num_workers, positions, columns,
         *shape]``; staged arrays (if any) under ``("staged", *key)``,
-        ``[num_workers, 2 * envs_per_worker, *shape]``, and the request index under
-        ``("staged", "rows")``, ``[num_workers, groups, columns]``; the workers'
-        progress records under :data:`PROGRESS`, ``[num_workers, PROGRESS_WIDTH]``.
+        ``[num_workers, 2 * columns, *shape]``, and the request index under
+        ``("staged", "rows")``, ``[num_workers, splits, staging.columns]``; the
+        workers' progress records under :data:`PROGRESS`, ``[num_workers,
+        PROGRESS_WIDTH]``.
 
         Args:
             buffer: at least :attr:`nbytes` bytes (shared memory, an mmap, ...).
@@ -332,7 +339,7 @@ class RingLayout:
     def worker_buffers(self, views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.ndarray]:
         """What worker ``worker`` writes (a :class:`~rlcollect.transports.WorkerEnd`'s
         ``buffers``): :func:`worker_views`, or pooled, every transition field whole,
-        ``[places * chunk_steps, envs_per_worker, *shape]`` (place ``b`` at positions
+        ``[credited_slots * chunk_steps, columns, *shape]`` (slot ``b`` at positions
         ``b * chunk_steps`` on), beside the worker's own progress record.
 
         Args:
@@ -351,21 +358,17 @@ class RingLayout:
             (8, 3, 4)
             >>> pooled = dataclasses.replace(layout, pooled=True)
             >>> ring = pooled.views(bytearray(pooled.nbytes))
-            >>> pooled.worker_buffers(ring, 1)[("observation",)].shape  # every place
+            >>> pooled.worker_buffers(ring, 1)[("observation",)].shape  # every slot
             (16, 3, 4)
         """
         out = worker_views(views, worker)
-        if self.pooled:
-            for f in self.fields:
-                whole = views[f.key].reshape(-1, *views[f.key].shape[2:])
-                assert not whole.flags.owndata  # worker-major memory: a view
-                out[f.key] = whole
+        out.update(self._slots.whole_fields(self, views))
         return out
 
     def block(self, views: Mapping[Key, np.ndarray], key: Key, block: int) -> np.ndarray:
-        """Places ``block * num_workers`` to ``(block + 1) * num_workers - 1`` of a
-        pooled ring, as one contiguous view: ``[chunk_steps * num_workers *
-        envs_per_worker, *shape]``, place by place, each place's rows by step, then env.
+        """Slots ``block * num_workers`` to ``(block + 1) * num_workers - 1`` of a
+        pooled ring, as one contiguous view: ``[chunk_steps * num_workers * columns,
+        *shape]``, slot by slot, each slot's rows by step, then column.
 
         Args:
             views: what :meth:`views` returned.
@@ -384,25 +387,18 @@ class RingLayout:
             >>> layout = counting_layout(num_workers=2, columns=3, chunk_steps=4, slots=2)
             >>> layout = dataclasses.replace(layout, pooled=True)
             >>> views = layout.views(bytearray(layout.nbytes))
-            >>> layout.worker_buffers(views, 0)[("step",)][12:16] = 7  # place 3: block 1
+            >>> layout.worker_buffers(views, 0)[("step",)][12:16] = 7  # slot 3: block 1
             >>> block = layout.block(views, ("step",), 1)
             >>> block.shape, block.flags.c_contiguous, block[10:14].tolist()
             ((24,), True, [0, 0, 7, 7])
         """
-        if not self.pooled:
-            raise ValueError("blocks are a pooled ring's")
-        rows = self.chunk_steps * self.num_workers * self.columns
-        array = views[key]
-        whole = array.reshape(-1, *array.shape[3:])
-        out: np.ndarray = whole[block * rows : (block + 1) * rows]
-        assert not out.flags.owndata  # a view: the reshape did not copy
-        return out
+        return self._slots.block(self, views, key, block)
 
     def request_sources(self, views: Mapping[Key, np.ndarray], key: Key) -> np.ndarray:
         """Where requests read or write field ``key``: ``[rows, *shape]``, all workers.
 
         Index it with :func:`request_rows`. In place that is the transition field
-        itself; staged, its per-env staging array. A view, never a copy.
+        itself; staged, its staging array (two cells per column). A view, never a copy.
 
         Args:
             views: what :meth:`views` returned.
@@ -461,48 +457,10 @@ def request_rows(
         cells = views[(STAGED, "rows")][workers, requests]
         rows: np.ndarray = (workers[:, None] * per_worker + cells).reshape(-1)
         return rows.astype(np.intp, copy=False)
-    k = layout.columns
-    # q * c == p * k + g * c; pooled, p is a position of the whole ring
-    first = requests * c if layout.pooled else workers * (layout.positions * k) + requests * c
+    # q * c == p * k + g * c (pooled, p is a position of the whole ring)
+    first = layout._slots.first_rows(layout, workers, requests * c)
     out: np.ndarray = (first[:, None] + np.arange(c)).reshape(-1)
     return out.astype(np.intp, copy=False)
-
-
-def request_envs(layout: RingLayout, rows: np.ndarray) -> np.ndarray:
-    """The collector env of each flat request row (as :func:`request_rows` gives them).
-
-    A row's env follows from where it sits: worker ``w``'s column ``c`` is env
-    ``w * envs_per_worker + c``, in place (rows ``[w, p, c]``) and staged alike (cells
-    ``c`` and ``c + envs_per_worker`` of worker ``w``). The inference server keys each
-    env's recurrent state by it.
-
-    Args:
-        layout: the ring.
-        rows: flat rows into :meth:`RingLayout.request_sources`.
-
-    Returns:
-        int64 env indices, one per row.
-
-    Raises:
-        ValueError: the ring is pooled (its rows are no env's for good).
-
-    Examples:
-        >>> import numpy as np
-        >>> from rlcollect.testing import counting_layout
-        >>> from rlcollect.transports.layout import request_envs, request_rows
-        >>> layout = counting_layout(num_workers=2, columns=2, chunk_steps=4, slots=2)
-        >>> views = layout.views(bytearray(layout.nbytes))
-        >>> rows = request_rows(layout, views, np.array([0, 1]), np.array([0, 3]))
-        >>> request_envs(layout, rows).tolist()  # worker 0's envs, then worker 1's
-        [0, 1, 2, 3]
-    """
-    if layout.pooled:
-        raise ValueError("a pooled ring's rows belong to whichever worker wrote them last")
-    k = layout.columns
-    rows = rows.astype(np.int64, copy=False)
-    per_worker = 2 * k if layout.staging is not None else layout.positions * k
-    out: np.ndarray = (rows // per_worker) * k + rows % k
-    return out
 
 
 def worker_views(views: Mapping[Key, np.ndarray], worker: int) -> dict[Key, np.ndarray]:

@@ -3,8 +3,8 @@
 :class:`ProcessServerEnd` is the :class:`ServerEnd` in the driver; ``_RequestEnd``
 serves the requests from another process, opened there from a
 :class:`ProcessSlotChannel`. The protocol both keep (who writes what, in what order,
-why it is safe) is in ``process_slots.py``, beside the worker's end. Not API: the
-transport's own parts.
+why it is safe) is in ``process_slots.py``; the worker's end is in
+``process_worker.py``. Not API: the transport's own parts.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ _REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
 # a copy of that pipe's write end (a process the env started, which inherited it).
 _LIVENESS_EVERY = 0.5
 
-# A credit names the slot (in a pooled ring, the place of the whole ring) a worker may
-# write next: two bytes, little-endian, so a ring may hold 65,536 places: 64 workers of
-# one env each, six places each, pool (a one-byte credit named 256, 42 such workers).
+# A credit names the slot (in a pooled ring, any slot of the whole ring) a worker may
+# write next: two bytes, little-endian, so a pooled ring may hold 65,536 slots, far more
+# than a pool of many one-column workers needs (one byte would name only 256).
 CREDIT = struct.Struct("<H")
 # The most credits one write may carry: 4,096 bytes, PIPE_BUF on Linux. A pipe write of
 # at most PIPE_BUF bytes is never split, so a reader never sees half a credit, and an
 # empty pipe holds at least that much (a pipe has one page at the least), so the
 # driver's first write of a worker's credits never blocks. A worker never holds more
-# credits than its first ones (slots, or a pooled ring's two places), so no later write
+# credits than its first ones (its slots, or a pooled ring's two), so no later write
 # fills its pipe either.
 MAX_FIRST_CREDITS = 4096 // CREDIT.size
 

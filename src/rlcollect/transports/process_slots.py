@@ -4,27 +4,28 @@ Data flow::
 
     worker process i (numpy only)        shared memory (one segment)        driver process
     ┌─────────────────────────────┐     ┌───────────────────────────┐     ┌──────────────────────┐
-    │ writes obs at position p ───┼────▶│ ring[field][i, p, env]    │◀────┼ inference thread:     │
+    │ writes obs at position p ───┼────▶│ ring[field][i, p, col]    │◀────┼ inference thread:     │
     │ request:  (i, p) ───────────┼─ requests pipe (shared) ───────────-─▶│  gathers, runs policy,│
     │                             │     │                           │◀────┼  writes action at p   │
     │ wait_response ◀─────────────┼─ responses[i] pipe ─────────────────-─┼  respond: 1 byte      │
     │ steps envs, writes reward,  │     │                           │     │                      │
     │ next obs … chunk full:      │     │                           │     │ consuming thread:     │
     │ hand_over: (i, slot) ───────┼─ chunks pipe (shared) ─────────────-─▶│  copies slot out ◀────┤
-    │ wait_slot ◀─────────────────┼─ credits[i] pipe ───────────────────-─┼  release: 1 byte      │
+    │ wait_slot ◀─────────────────┼─ credits[i] pipe ───────────────────-─┼  release: 2 bytes     │
     │ on failure: report ─────────┼─ reports[i] pipe ──────────────────-─▶│  WorkerError          │
     └─────────────────────────────┘     └───────────────────────────┘     └──────────────────────┘
 
 Worker processes are started, handed their program and stopped with
 :mod:`rlcollect.processes` (which also says how the segment is created, mapped and
-unlinked), and run as ``SCHED_BATCH`` (``processes.batch_scheduling`` says why); the
-driver's ends are in ``process_server.py``.
+unlinked), and run as ``SCHED_BATCH`` (``processes.batch_scheduling`` says why). The
+worker's end is in ``process_worker.py``, the driver's ends in ``process_server.py``;
+this module starts, restarts and stops the workers.
 
 The ring protocol (who writes what, in what order, why it is safe):
 
 * A worker writes the observations of its request ``q`` (in place: the observation
-  fields of one group of its envs at one position; staged, for vector envs: one of the
-  two staging cells of each env it names and the request index
+  fields of one split of its columns at one position; staged, for vector envs: one of
+  the two staging cells of each column it names and the request index
   ``("staged", "rows")[i, q]``) and only then writes the 8-byte message ``(i, q)`` to
   the requests pipe. The server reads those cells only after it has read that message.
   A pipe ``write``/``read`` pair orders memory like a lock release/acquire (the kernel
@@ -33,8 +34,8 @@ The ring protocol (who writes what, in what order, why it is safe):
   never interleave, and one worker's messages arrive in the order it wrote them.
 * The server writes the action fields (and policy outputs, version) of request
   ``(i, q)`` and then one byte to ``responses[i]``; the worker reads them after that
-  byte. Worker ``i`` has at most ``groups`` requests outstanding, each naming cells no
-  other outstanding request names (another group's columns, or other envs' staging
+  byte. Worker ``i`` has at most ``splits`` requests outstanding, each naming cells no
+  other outstanding request names (another split's columns, or other columns' staging
   cells: an env is in one request at a time), so nobody else writes those cells
   meanwhile. The server answers in arrival order, so the worker's ``n``-th byte is the
   answer to its ``n``-th request.
@@ -44,24 +45,25 @@ The ring protocol (who writes what, in what order, why it is safe):
   the new one) into a slot it owns, then ``(i, slot)`` to the chunks pipe; it does not
   touch the slot again until it has read a credit from ``credits[i]`` naming it, which
   the driver writes after it has copied the slot out (or, for a batch lent to the
-  caller, once the caller let go of it: ``collector/batches/loans.py``). A credit is the slot's
-  number in two bytes (``process_server.CREDIT``), and the driver writes whole credits
+  caller, once the caller let go of it: ``collector/batches/loans.py``). A credit is the
+  slot's number in two bytes (``process_server.CREDIT``), and the driver writes whole credits
   in one write of at most ``PIPE_BUF`` bytes, which a pipe never splits, so the worker
   never reads half of one. ``credits[i]`` starts with one credit per slot, 0 up, and
   the worker writes the slot its credit names next (where nothing is lent the driver
   gives slots back in the order they came, which is the order they were written in).
-  In a pooled ring (``RingLayout.pooled``) a credit names a place of the whole ring
-  instead (up to 65,536 places), which the worker maps whole: it starts with
-  ``RingLayout.first_credits(i)``, and the driver gives each place to one worker at a
-  time, once the place is copied out or let go of (``collector/batches/pooled.py``), so
-  the same rule holds: nobody else writes a place between a worker's credit for it and
-  its ``(i, place)`` message, and the driver reads it only after that message.
+  In a pooled ring (``transports/slots.py``) a credit names any slot of the whole ring
+  instead (up to 65,536 slots), which the worker maps whole
+  (``RingLayout.worker_spans_ring``): it starts with ``RingLayout.first_credits(i)``,
+  and the driver gives each slot to one worker at a time, once the slot is copied out
+  or let go of (``collector/batches/pooled.py``), so the same rule holds: nobody else
+  writes a slot between a worker's credit for it and its ``(i, slot)`` message, and
+  the driver reads it only after that message.
 * Closing is the stop signal: the driver closes its ends of ``responses[i]`` and
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits,
   unlinking the segment in case the driver died without doing so (its envs closed and
-  its exit handlers run, but no interpreter teardown: ``_exit_now``). The same happens when
-  the driver dies, however it dies. A worker's death closes its end of ``reports[i]``,
-  which wakes the driver's poll at once.
+  its exit handlers run, but no interpreter teardown: ``process_worker._exit_now``).
+  The same happens when the driver dies, however it dies. A worker's death closes its
+  end of ``reports[i]``, which wakes the driver's poll at once.
 * With ``inference_backend="process"`` (``request_channel``) the server runs in another
   process: it maps the segment, reads the requests pipe and writes the response pipes
   itself (``process_server._RequestEnd``), by the rules above; chunks still go to the
@@ -78,9 +80,10 @@ safe (how the new worker tells its answers from its predecessor's: ``generations
   before it reported or died, so all its handed-over chunks reach the driver first.
 * The driver waits for the old process to exit (and kills it after two seconds), so
   nothing of it writes to the ring or reads a pipe any more. Its slots are all free
-  again: the new worker gets a fresh ``credits[i]`` pipe holding ``slots`` bytes and a
-  fresh ``reports[i]`` pipe; the driver releases none of the old worker's slots after
-  the restart. The rows the old worker was writing are simply overwritten.
+  again: the new worker gets a fresh ``credits[i]`` pipe holding its first credits
+  (``RingLayout.first_credits``) and a fresh ``reports[i]`` pipe; the driver releases
+  none of the old worker's slots after the restart. The rows the old worker was
+  writing are simply overwritten.
 * ``responses[i]`` and the requests pipe are shared with the inference server, which
   may still hold requests of the old worker and will answer them; each message carries
   the worker's generation, so the new worker skips those answers (``generations.py``).
@@ -88,184 +91,41 @@ safe (how the new worker tells its answers from its predecessor's: ``generations
 
 from __future__ import annotations
 
-import atexit
-import faulthandler
-import mmap
 import os
-import pickle
 import signal
-import struct
 import subprocess
-import sys
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import cloudpickle
 
-from rlcollect.errors import ChannelClosed, CollectorError, WorkerFailure
+from rlcollect.errors import CollectorError
 from rlcollect.processes import (
-    attach_segment,
-    batch_scheduling,
     child_env,
     create_segment,
-    map_every_page,
     process_stopped,
-    read_handoff,
     spawn,
     stop_processes,
     unlink_segment,
 )
-from rlcollect.transports.base import (
-    ServerEnd,
-    Transport,
-    WorkerEnd,
-    WorkerProgram,
-    failure_from_exception,
-)
-from rlcollect.transports.generations import response_token, tag
+from rlcollect.transports.base import ServerEnd, Transport, WorkerProgram
 from rlcollect.transports.layout import RingLayout
 from rlcollect.transports.process_server import (
-    CREDIT,
     MAX_FIRST_CREDITS,
     ProcessServerEnd,
     ProcessSlotChannel,
     credit_bytes,
 )
+from rlcollect.transports.process_worker import WorkerHeader
 
 __all__ = ["ProcessSlotTransport"]
 
-_MESSAGE = struct.Struct("<ii")  # (worker, position or slot), little-endian int32 pair
 _STOP_WAIT = 2.0  # seconds a worker gets to exit once its pipes close, before a kill
 _STACK_WAIT = 1.0  # seconds a stalled worker gets to write its stack (worker_stack)
-# The worker's argument: the descriptor of the file holding its header and program.
-_CHILD = "from rlcollect.transports.process_slots import _worker_main; _worker_main()"
-
-
-@dataclass(frozen=True)
-class _Header:
-    """What a worker process needs before it can unpickle its program."""
-
-    index: int
-    shm_name: str
-    layout: RingLayout
-    requests_w: int
-    chunks_w: int
-    responses_r: int
-    credits_r: int
-    reports_w: int
-    generation: int = 0
-    stack_fd: int = -1  # where SIGUSR1 makes the worker write its stack (worker_stack)
-
-
-# ---------------------------------------------------------------------------- worker side
-
-
-class _ProcessWorker(WorkerEnd):
-    def __init__(self, header: _Header, ring: mmap.mmap) -> None:
-        self.index = header.index
-        self.buffers = header.layout.worker_buffers(header.layout.views(ring), header.index)
-        self._h = header
-        self._tag = tag(header.index, header.generation)
-        self._token = bytes([response_token(header.generation)])
-
-    def request(self, position: int) -> None:
-        _write(self._h.requests_w, _MESSAGE.pack(self._tag, position))
-
-    def wait_response(self) -> None:
-        # Skips answers to requests of a worker this one replaced (generations.py).
-        while _read_token(self._h.responses_r) != self._token:
-            pass
-
-    def hand_over(self, slot: int) -> None:
-        _write(self._h.chunks_w, _MESSAGE.pack(self.index, slot))
-
-    def wait_slot(self) -> int:
-        return _read_credit(self._h.credits_r)  # the slot given back
-
-    def report(self, failure: WorkerFailure) -> None:
-        try:
-            data = pickle.dumps(failure)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._h.reports_w, view) :]
-        except OSError:
-            pass  # the driver is gone; nobody is left to tell
-
-
-def _write(fd: int, data: bytes) -> None:
-    try:
-        os.write(fd, data)
-    except (BrokenPipeError, OSError) as exc:
-        raise ChannelClosed("the driver closed the transport") from exc
-
-
-def _read_credit(fd: int) -> int:
-    data = _read_token(fd, CREDIT.size)
-    while len(data) < CREDIT.size:  # never taken: credits are written whole (CREDIT)
-        data += _read_token(fd, CREDIT.size - len(data))
-    return int(CREDIT.unpack(data)[0])
-
-
-def _read_token(fd: int, size: int = 1) -> bytes:
-    try:
-        token = os.read(fd, size)
-    except OSError as exc:
-        raise ChannelClosed("the driver closed the transport") from exc
-    if not token:
-        raise ChannelClosed("the driver closed the transport")
-    return token
-
-
-def _worker_main() -> None:
-    """Entry point of a worker process (see ``_CHILD``); imports no torch."""
-    # Ctrl-C reaches the whole process group; the driver decides how workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    batch_scheduling()
-    header: _Header
-    header, payload = read_handoff()
-    if header.stack_fd >= 0:
-        # Written from the signal handler in C: works while the worker is stuck in a
-        # native call too. The driver asks with SIGUSR1 when the worker stalled.
-        faulthandler.register(signal.SIGUSR1, file=header.stack_fd, all_threads=True)
-    try:
-        ring = attach_segment(header.shm_name, header.layout.nbytes)
-    except FileNotFoundError:
-        return  # the driver closed (and unlinked) before this worker got going
-    if header.layout.pooled:
-        map_every_page(ring)  # it will write places all over the ring (processes.py)
-    end = _ProcessWorker(header, ring)
-    try:
-        program: WorkerProgram = pickle.loads(payload)
-        program(end)
-    except ChannelClosed:
-        unlink_segment(header.shm_name)  # the driver may have died without unlinking
-        _exit_now()
-    except BaseException as exc:
-        end.report(failure_from_exception(header.index, exc))
-        sys.exit(1)
-    end.report(failure_from_exception(header.index, RuntimeError("worker program returned")))
-    sys.exit(1)
-
-
-def _exit_now() -> NoReturn:
-    """The end of a worker the driver stopped: exit handlers run and output is flushed,
-    then the process exits without the interpreter's teardown. With torch imported (the
-    ``"worker"`` inference backend) that teardown takes about 0.4 s on 2 cores, and the
-    driver's ``close`` waits for every worker to exit. The worker loop has closed the
-    envs already."""
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass  # no stream, or a closed one: nothing to flush
-    os._exit(0)
-
-
-# ---------------------------------------------------------------------------- driver side
+# A worker runs this, with the descriptor of the file holding its header and program.
+_CHILD = "from rlcollect.transports.process_worker import worker_main; worker_main()"
 
 
 class ProcessSlotTransport(Transport):
@@ -345,6 +205,10 @@ class ProcessSlotTransport(Transport):
         """Name of the shared-memory segment, or None before ``start``."""
         return self._shm_name
 
+    def segments(self) -> tuple[str, ...]:
+        """The ring's segment (:attr:`shm_name`) once started; unlinked by :meth:`close`."""
+        return () if self._shm_name is None else (self._shm_name,)
+
     def request_channel(self) -> ProcessSlotChannel:
         """The request side, for a server in another process (see the module docstring).
 
@@ -368,17 +232,7 @@ class ProcessSlotTransport(Transport):
             raise CollectorError("a ProcessSlotTransport serves one collector; create a new one")
         if len(programs) != layout.num_workers:
             raise ValueError(f"{len(programs)} programs for {layout.num_workers} workers")
-        if layout.pooled and layout.credited_slots > self.pool_slots:
-            raise ValueError(
-                f"a ProcessSlotTransport ring holds at most {self.pool_slots} places in a "
-                f"pooled ring (a credit is two bytes naming its place), got {layout.credited_slots}"
-            )
-        if not layout.pooled and layout.credited_slots > MAX_FIRST_CREDITS:
-            raise ValueError(
-                f"a ProcessSlotTransport ring holds at most {MAX_FIRST_CREDITS} slots per "
-                f"worker (a worker's first credits, two bytes each, are one pipe write of at "
-                f"most 4096 bytes), got {layout.credited_slots}"
-            )
+        _check_credits(layout, self.pool_slots)
         self._started = True
         payloads = []
         for i, program in enumerate(programs):
@@ -432,7 +286,7 @@ class ProcessSlotTransport(Transport):
         self._child_env = child_env(single_threaded=True)
         try:
             for i, (payload, (resp, cred, rep)) in enumerate(zip(payloads, pipes, strict=True)):
-                header = _Header(
+                header = WorkerHeader(
                     i,
                     name,
                     layout,
@@ -460,7 +314,7 @@ class ProcessSlotTransport(Transport):
             os.close(reports[1])
         return self._server
 
-    def _spawn(self, header: _Header, payload: bytes) -> subprocess.Popen[bytes]:
+    def _spawn(self, header: WorkerHeader, payload: bytes) -> subprocess.Popen[bytes]:
         h = header
         fds: tuple[int, ...] = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w)
         if h.stack_fd >= 0:
@@ -495,7 +349,7 @@ class ProcessSlotTransport(Transport):
         try:
             server.replace_worker(worker, credits_w, reports_r)
             self._generations[worker] += 1
-            header = _Header(
+            header = WorkerHeader(
                 worker,
                 name,
                 layout,
@@ -562,6 +416,23 @@ class ProcessSlotTransport(Transport):
         self._shared_w, self._responses_r, self._stack_fds = None, [], []
         if self._finalizer is not None:
             self._finalizer.detach()
+
+
+def _check_credits(layout: RingLayout, pool_slots: int) -> None:
+    """Raise ValueError where a credit (``process_server.CREDIT``) cannot name every slot
+    of ``layout``, or a worker's first credits do not fit one pipe write."""
+    first = max(len(layout.first_credits(i)) for i in range(layout.num_workers))
+    if first > MAX_FIRST_CREDITS:  # every slot of a worker's own; a pooled ring's are 2
+        raise ValueError(
+            f"a ProcessSlotTransport ring holds at most {MAX_FIRST_CREDITS} slots per "
+            f"worker (a worker's first credits, two bytes each, are one pipe write of at "
+            f"most 4096 bytes), got {first}"
+        )
+    if layout.credited_slots > pool_slots:  # past the first check: only a pooled ring
+        raise ValueError(
+            f"a ProcessSlotTransport ring holds at most {pool_slots} slots in a pooled "
+            f"ring (a credit is two bytes naming its slot), got {layout.credited_slots}"
+        )
 
 
 def _stack_file() -> int:
