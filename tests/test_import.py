@@ -94,3 +94,19 @@ def test_compiling_sees_tensordict_as_after_a_plain_import(dynamo_first):
         """
     )
     assert out.strip() == "[]", f"the import hook stayed in sys.meta_path: {out}"
+
+
+def test_version_is_the_distributions():
+    # Read from the installed metadata: one version, pyproject.toml's.
+    out = run_fresh(
+        """
+        import sys
+        from importlib.metadata import version
+
+        import rlcollect
+
+        assert "torch" not in sys.modules, "reading the version imported torch"
+        print(rlcollect.__version__ == version("rlcollect"), rlcollect.__version__)
+        """
+    )
+    assert out.split()[0] == "True", out

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from rlcollect.errors import CollectorError, InferenceError, WorkerError
     from rlcollect.replay.buffer import ReplayBuffer
 
+    __version__: str
+
 __all__ = [
     "AsyncBatchedCollector",
     "CollectorError",
@@ -40,6 +42,14 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        # The installed distribution's version, from its metadata (so never out of step
+        # with pyproject.toml), read on first use: importlib.metadata is slow to import
+        # (it parses e-mail headers), and every env worker process imports this package.
+        # Not in __all__, which lists the API's names.
+        from importlib.metadata import version
+
+        return version("rlcollect")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'rlcollect' has no attribute {name!r}")
@@ -47,4 +57,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted([*globals(), *__all__, "__version__"])

@@ -2,8 +2,9 @@
 
 TorchRL's value estimators and losses expect rewards and done flags with a trailing
 dimension of size 1 (``("next", "reward")`` of shape ``[*batch, 1]``), as its envs
-write them; rlcollect's are ``[*batch]`` (one value per transition, DESIGN.md §1).
-:func:`to_torchrl` bridges the two without copying.
+write them; rlcollect's are ``[*batch]``: one value per transition, as every per-step key
+of a batch is (``docs/batch-keys.md``). :func:`to_torchrl` bridges the two without
+copying.
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ def test_batch_keys_shapes_and_dtypes(transport):
         ("next", "terminated"),
         ("next", "truncated"),
         ("next", "done"),
-        ("next", "episode_return"),  # DESIGN.md §1.1: every transition carries them
-        ("next", "episode_length"),
+        ("next", "episode_return"),  # every transition carries the episode's running
+        ("next", "episode_length"),  # return and length, this step included
     }
     assert batch["observation"].shape == (32, 4) and batch["observation"].dtype == torch.int64
     assert batch[("next", "episode_return")].dtype == torch.float32

@@ -1,5 +1,5 @@
-"""On-policy rollouts (``on_policy=True``, collector/batches/rounds.py): the contract of
-DESIGN.md §1.1 on every transport, inference backend and kind of env source.
+"""On-policy rollouts (``on_policy=True``, collector/batches/rounds.py): their contract on
+every transport, inference backend and kind of env source.
 
 Each batch is [num_envs, T], row e is env e's next T steps in order, and every row of
 batch k was computed by the weights of the k-th update: the policy writes its weight
