@@ -11,7 +11,8 @@ from rlcollect.collector.options import arguments_table
 HEADER = """# Arguments
 
 Every keyword argument of `AsyncBatchedCollector`, its default and what it does, one line
-each (generated from `rlcollect/collector/options.py` by `python docs/arguments.py`). The
+each (generated from `rlcollect/collector/options.py` by `python docs/arguments.py`),
+after the two positional ones: `env_fns`, the env factories, and `policy`. The
 guide says how they work together ([usage.md](usage.md)); the class's docstring in the
 [API reference](api/collector.md) says the same in more words. `RayCollector` takes the
 same keywords and keeps `replay_buffer`, `train_ratio`, `learning_starts` and `seed` in

@@ -158,10 +158,6 @@ PARAMETERS = [
 ]
 
 
-@pytest.mark.xfail(
-    reason="docs/arguments.md is a placeholder until it is generated from the collector's options",
-    strict=False,
-)
 def test_arguments_page_names_every_argument():
     text = (ROOT / "docs" / "arguments.md").read_text()
     named = set(re.findall(r"`(\w+)`", text))
