@@ -26,7 +26,7 @@ from helpers import (
 )
 
 from rlcollect import AsyncBatchedCollector, InferenceError
-from rlcollect.collector.batches.loans import POOL_BLOCKS
+from rlcollect.collector.batches.delivery import POOL_BLOCKS
 from rlcollect.errors import RemoteTraceback
 
 

@@ -1,7 +1,7 @@
 """The interface of an inference backend: a running server and its weight sync scheme.
 
-Two backends implement it, and :func:`~rlcollect.inference.backend.start_backend` is the
-one place that chooses between them:
+Three backends implement it, and ``backend.py`` is the one place that knows them (the
+plan chooses one there by name, the collector starts it in two phases):
 
 ``"thread"`` (:class:`~rlcollect.inference.InferenceServer` itself)
     The server is a thread of the driver process; weights are copied into the served
@@ -10,8 +10,11 @@ one place that chooses between them:
     The server runs in a process of its own, so the learner's Python threads never
     compete with it for the driver's GIL; weights travel through shared memory,
     versioned (see that module for the protocol).
+``"worker"`` (``in_worker_policy.py``)
+    No server: each env worker runs the policy on its own requests; weights travel
+    through a shared weights board.
 
-Either way an update lands between two batches, never during one, and every transition
+Every way an update lands between two batches, never during one, and every transition
 carries the version of the weights that chose its action.
 """
 

@@ -31,7 +31,7 @@ from helpers import (
 
 from rlcollect import AsyncBatchedCollector, WorkerError
 from rlcollect.collector.batches import pooled
-from rlcollect.collector.batches.loans import POOL_BLOCKS
+from rlcollect.collector.batches.delivery import POOL_BLOCKS
 from rlcollect.collector.batches.pooled import PoolBatchBuilder
 from rlcollect.errors import CollectorError
 from rlcollect.testing import counting_layout

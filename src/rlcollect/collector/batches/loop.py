@@ -5,7 +5,7 @@
     transport ── wait_chunks() → [(worker, slot), ...] ──▶ (restarts: hold the latest
                                                             chunk of each worker back)
                                                        ──▶ builder.add_chunk (one copy, or
-                                                            lent: loans.py, pool_batches.py)
+                                                            lent: loans.py, pooled.py)
               ◀── release(worker, slot) ──────────────────  the slot is the worker's again
               ◀── release(worker, slot) ◀── builder.returned(): lent, now let go of
     batch ready ──▶ train_ratio throttle ──▶ quiet point ──▶ replay_buffer.extend ──▶ caller
