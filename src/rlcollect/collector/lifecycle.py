@@ -77,20 +77,21 @@ class Lifecycle:
     def move(self, to: Stage) -> Stage:
         """Move to ``to``; returns the stage before (CLOSED again: already shut down)."""
         with self._lock:
-            before = self._stage
-            if to not in _MOVES[before]:
-                raise RuntimeError(f"a collector cannot move from {before.name} to {to.name}")
-            self._stage = to
-            return before
+            return self._move(to)
 
     def enter(self, action: str, to: Stage) -> None:
         """Refuse ``action`` as :meth:`refuse` does, or move to ``to``, in one step: no
         shutdown can come between the two."""
         with self._lock:
             self.refuse(action)
-            if to not in _MOVES[self._stage]:
-                raise RuntimeError(f"a collector cannot move from {self._stage.name} to {to.name}")
-            self._stage = to
+            self._move(to)
+
+    def _move(self, to: Stage) -> Stage:
+        before = self._stage
+        if to not in _MOVES[before]:
+            raise RuntimeError(f"a collector cannot move from {before.name} to {to.name}")
+        self._stage = to
+        return before
 
     def refuse(self, action: str) -> None:
         """Raise the ``CollectorError`` the current stage gives ``action``, if any
