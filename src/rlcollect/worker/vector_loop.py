@@ -45,8 +45,9 @@ transition of every sub-env, so a round of ``chunk_steps`` steps fills the one s
 with ``chunk_steps`` transitions of each): the result that finishes a vector env's
 last step of a round stages the next observations but holds their request back; once
 the last vector env's transitions fill the slot, the worker hands it over and waits
-for the consumer's go-ahead (``Rows.written``), and only then sends the held requests, in
-vector env order. The first requests also wait for the first round's go-ahead.
+for the consumer's go-ahead (``Rows.written``, ``vector_rows.py``), and only then sends
+the held requests, in vector env order. The first requests also wait for the first
+round's go-ahead.
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ cell → chunk) than the in-place loop makes.
 The protocol, per request ``g`` (one per vector env of the worker):
 
 1. The worker copies each returned observation into its env's *other* cell (env
-   ``e``'s are ``e`` and ``e + k``, used in turn), sets the cells' ``is_init`` where a
-   recurrent policy's state must be reset, and names the cells in row ``g`` of the
-   request index (:meth:`Staging.stage`). Only then does it make request ``g``: the
-   transport's request makes every write before it visible to the server.
+   ``e``'s are ``e`` and ``e + k``, ``k`` the worker's columns, used in turn), sets the
+   cells' ``is_init`` where a recurrent policy's state must be reset, and names the
+   cells in row ``g`` of the request index (:meth:`Staging.stage`). Only then does it
+   make request ``g``: the transport's request makes every write before it visible to
+   the server.
 2. The server reads the cells the index names and writes the actions (and the policy
    outputs and version) into the same cells; the worker reads the actions only after
    ``wait_response`` says they are written (:meth:`Staging.actions`).
