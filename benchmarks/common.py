@@ -145,7 +145,7 @@ def vector_worker_nice() -> int:
     its own. Its throughput depends on it, so results record it."""
     import resource
 
-    from rlcollect.worker.vector_loop import DRIVER_NICE
+    from rlcollect.worker.vector_priority import DRIVER_NICE
 
     own = os.getpriority(os.PRIO_PROCESS, 0)
     if may_lower_niceness(DRIVER_NICE):

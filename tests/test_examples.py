@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import lowest_niceness_allowed, may_lower_niceness
 
-from rlcollect.worker.vector_loop import DRIVER_NICE
+from rlcollect.worker.vector_priority import DRIVER_NICE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from helpers import lowest_niceness_allowed, streams
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.transports import ProcessSlotTransport
-from rlcollect.worker.vector_loop import DRIVER_NICE
+from rlcollect.worker.vector_priority import DRIVER_NICE
 
 pytestmark = pytest.mark.slow
 

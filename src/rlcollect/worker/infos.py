@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from rlcollect.errors import EnvError
+from rlcollect.transports.layout import Key
+from rlcollect.worker.spec import info_key
 
-__all__ = ["InfoWriter", "NUMERIC_KINDS", "vector_entry"]
+__all__ = ["InfoWriter", "NUMERIC_KINDS", "VectorInfoWriter", "vector_entry"]
 
 #: numpy dtype kinds an ``info`` entry may have: bool, signed, unsigned, float.
 NUMERIC_KINDS = "biuf"
@@ -74,3 +76,74 @@ def vector_entry(info: Any, name: str) -> tuple[np.ndarray | None, np.ndarray | 
         return None, None
     mask = info.get("_" + name)
     return np.asarray(info[name]), None if mask is None else np.asarray(mask, dtype=bool)
+
+
+class VectorInfoWriter:
+    """Writes a vector env's ``info`` entries into rows of the chunk, checking each one.
+
+    ``chunk`` holds every transition field as ``[rows, *shape]`` (the vector loop's view
+    of the ring, rows in chunk order); ``offset`` is the collector index of the worker's
+    column 0.
+    """
+
+    def __init__(
+        self, chunk: Mapping[Key, np.ndarray], names: tuple[str, ...], offset: int
+    ) -> None:
+        self._fields = [(name, chunk[info_key(name)]) for name in names]
+        self._offset = offset
+
+    def write(
+        self,
+        dst: slice,
+        cols: np.ndarray,
+        rows: np.ndarray,
+        done: np.ndarray,
+        info: Any,
+        *,
+        same_step: bool,
+        envs: tuple[int, int],
+    ) -> None:
+        """Write the entries of result rows ``rows`` (the worker's columns ``cols``, their
+        episode ends ``done``) into chunk rows ``dst``. ``same_step``: the vector env's
+        autoreset is ``SameStep``; ``envs``: the first and last env of the vector env."""
+        final = None
+        if same_step and done.any():
+            final = info.get("final_info") if isinstance(info, dict) else None
+        for name, field in self._fields:
+            value, mask = vector_entry(info, name)
+            have = np.zeros(len(rows), bool)
+            values: np.ndarray | None = None
+            if value is not None:
+                values = value[rows]
+                have[:] = True if mask is None else mask[rows]
+            if final is not None:
+                # SameStep: a finished sub-env's row holds the reset's info; its last
+                # step's own entry is in final_info.
+                f_value, f_mask = vector_entry(final, name)
+                have[done] = False
+                if f_value is not None:
+                    f_have = np.ones(len(rows), bool) if f_mask is None else f_mask[rows]
+                    have[done] = f_have[done]
+                    if values is None:
+                        values = f_value[rows].copy()
+                    else:
+                        values = values.copy()
+                        values[done] = f_value[rows][done]
+            if values is None or not have.all():
+                env = int(self._offset + cols[np.flatnonzero(~have)[0]])
+                raise EnvError(env, "the info check") from KeyError(
+                    f"env {env} (a sub-env of the vector env of envs {envs[0]}-{envs[1]}) "
+                    f"returned an info without {name!r}, which info_keys asks for"
+                )
+            out = field[dst]
+            if values.dtype.kind not in NUMERIC_KINDS or values.shape[1:] != out.shape[1:]:
+                env = int(self._offset + cols[0])
+                raise EnvError(env, "the info check") from TypeError(
+                    f"env {env} returned info[{name!r}] of dtype {values.dtype} and shape "
+                    f"{values.shape[1:]} per sub-env; info_keys carries numbers of the dtype "
+                    f"and shape env 0 gave at its probe: {out.dtype}, {out.shape[1:]}"
+                )
+            try:
+                np.copyto(out, values, casting="same_kind")
+            except TypeError as exc:
+                raise EnvError(int(self._offset + cols[0]), "the info check") from exc

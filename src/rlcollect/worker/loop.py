@@ -6,26 +6,31 @@ worker's envs, checks each against what the collector expects, and runs one of t
 loops: the vector-env loop (``vector_loop.py``) or the loop below, for envs stepped
 one by one.
 
-The worker's envs split into ``groups`` groups of equal size. Each group has a request
-of its own, at most one outstanding, so that one group steps while the others wait for
-their actions (double buffering: the policy's latency hides behind env steps). One
-round of the loop visits the groups in order, at ring position ``p``::
+The worker's envs (its columns) fall into ``splits`` splits of equal size. Each split
+has a request of its own, at most one outstanding, so that one split steps while the
+others wait for their actions (double buffering: the policy's latency hides behind env
+steps). One round of the loop visits the splits in order, at ring position ``p``; each
+phase is a function below::
 
-    wait     the response to group g's request: its actions are written at p
-    step     step group g's envs; write reward, flags and the next observation at p;
-             an episode's end writes its true final observation, then resets
-    advance  when p was a chunk's last position: the last group hands the chunk over,
-             the first group first takes the next slot (backpressure): the one the
-             transport gives back where it names it (``names_slots``; a batch lent to
-             the caller gives its slots back whenever the caller lets go of it:
-             ``collector/batches/loans.py``), else the next in turn
-    write    group g's current observations at p + 1, then request them
+    wait       the response to split g's request: its actions are written at p
+    step       (inline in ``_drive``) step split g's envs; write reward, flags and the
+               next observation at p; an episode's end writes its true final
+               observation, then resets
+    hand over  (``_hand_over``) when p was a chunk's last position: the last split
+               hands the chunk over, the first split first takes the next slot
+               (backpressure): the one the transport gives back where it names it
+               (``names_slots``; a batch lent to the caller gives its slots back
+               whenever the caller lets go of it: ``collector/batches/loans.py``), else
+               the next in turn
+    request    (``_request_phase``) split g's current observations at p + 1, then
+               request their actions
 
-Requests are numbered ``q = p * groups + g`` (the ring's in-place request layout), and
-the server answers them in the order they were made, so waiting for "the next
-response" is waiting for group g's. A chunk is complete once the last group has
-stepped its last position; the first group enters the next slot before that, which is
-why double buffering needs two slots.
+``_reset`` resets every env first, and ``_drive`` runs the rounds. Requests are
+numbered ``q = p * splits + g`` (the ring's in-place request layout), and the server
+answers them in the order they were made, so waiting for "the next response" is
+waiting for split g's. A chunk is complete once the last split has stepped its last
+position; the first split enters the next slot before that, which is why double
+buffering needs two slots.
 
 Every transition also carries the episode's running return and length (this step
 included), and the ``info`` entries named by ``info_keys`` (``infos.py``).
@@ -33,16 +38,16 @@ included), and the ``info`` entries named by ``info_keys`` (``infos.py``).
 On-policy (``spec.on_policy``, ``collector/batches/rounds.py``): one slot of ``chunk_steps``
 steps is one round, and a round starts only on the consumer's go-ahead (a credit,
 taken with ``wait_slot``), which it gives when the next batch is asked for. So at a
-round's last position the boundary is reordered: every group steps first, then the
-worker hands the round over, waits for the go-ahead, and only then writes (and
-requests) the next round's first observations. No request of the next round, and so
-no action, comes before the weights that round must use. The worker also waits for
-the go-ahead of the first round before its first request.
+round's last position the boundary is reordered: every split steps first, then the
+worker hands the round over (``_end_round``), waits for the go-ahead, and only then
+writes (and requests) the next round's first observations. No request of the next
+round, and so no action, comes before the weights that round must use. The worker also
+waits for the go-ahead of the first round before its first request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -150,81 +155,147 @@ def _check_source(got: Source, spec: WorkerSpec, env_index: int) -> None:
 
 
 def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress) -> None:
-    k = len(envs)
-    groups = spec.splits
-    width = k // groups
-    members = [range(g * width, (g + 1) * width) for g in range(groups)]
-    columns = [slice(g * width, (g + 1) * width) for g in range(groups)]
-    steps = spec.chunk_steps
-    positions = steps * spec.slots
-    buf = end.buffers
-    obs_writer = _ObservationWriter(end, spec.observation_paths, nxt=False)
-    next_writer = _ObservationWriter(end, spec.observation_paths, nxt=True)
-    action = buf[("action",)]
-    reward = buf[("next", "reward")]
-    terminated = buf[("next", "terminated")]
-    truncated = buf[("next", "truncated")]
-    env_index_field = buf[("env_index",)]
-    episode_field = buf[("episode",)]
-    step_field = buf[("step",)]
-    # Only with a recurrent policy: the server resets an env's state where it is set.
-    is_init_field = buf.get(IS_INIT.key)
-    return_field = buf[("next", "episode_return")]
-    length_field = buf[("next", "episode_length")]
-    infos = InfoWriter(buf, spec.info_keys)
+    """Reset every env, then run the rounds of the module docstring until the transport
+    closes. The request phase is a closure made once, the step phase inline in
+    :func:`_drive`: the hot path reads its state from locals and cells, not from
+    attributes."""
+    ring = _Ring(end, spec)
+    counts = _Counters(spec, len(envs))
+    current = _reset(envs, spec, counts, progress)
+    split = _Split(len(envs), spec.splits)
+    request = _request_phase(end, ring, counts, split, current)
+    _drive(end, spec, envs, ring, counts, split, current, progress, request)
 
-    env_ids = spec.env_offset + np.arange(k, dtype=np.int64)
-    ids = env_ids.tolist()  # as Python ints, for the per-step calls that name an env
-    episode = np.zeros(k, dtype=np.int64)
-    if spec.first_episode is not None:
-        episode[:] = spec.first_episode
-    step = np.zeros(k, dtype=np.int64)
-    returns = np.zeros(k, dtype=np.float64)  # the episode's rewards so far, per env
+
+class _Ring:
+    """The worker's views of the ring's fields, each indexed ``[position, column, ...]``."""
+
+    def __init__(self, end: WorkerEnd, spec: WorkerSpec) -> None:
+        buf = end.buffers
+        self.observation = _ObservationWriter(end, spec.observation_paths, nxt=False)
+        self.next_observation = _ObservationWriter(end, spec.observation_paths, nxt=True)
+        self.action = buf[("action",)]
+        self.reward = buf[("next", "reward")]
+        self.terminated = buf[("next", "terminated")]
+        self.truncated = buf[("next", "truncated")]
+        self.env_index = buf[("env_index",)]
+        self.episode = buf[("episode",)]
+        self.step = buf[("step",)]
+        # Only with a recurrent policy: the server resets an env's state where it is set.
+        self.is_init = buf.get(IS_INIT.key)
+        self.episode_return = buf[("next", "episode_return")]
+        self.episode_length = buf[("next", "episode_length")]
+        self.infos = InfoWriter(buf, spec.info_keys)
+
+
+class _Counters:
+    """Each column's env index, episode, step in it, and rewards so far in it."""
+
+    def __init__(self, spec: WorkerSpec, columns: int) -> None:
+        self.env_ids = spec.env_offset + np.arange(columns, dtype=np.int64)
+        self.ids: list[int] = self.env_ids.tolist()  # Python ints, for calls naming an env
+        self.episode = np.zeros(columns, dtype=np.int64)
+        if spec.first_episode is not None:
+            self.episode[:] = spec.first_episode
+        self.step = np.zeros(columns, dtype=np.int64)
+        self.returns = np.zeros(columns, dtype=np.float64)
+
+
+class _Split:
+    """The columns of each split: ``members[g]`` to visit them, ``columns[g]`` to slice."""
+
+    def __init__(self, columns: int, splits: int) -> None:
+        width = columns // splits
+        self.count = splits
+        self.members = [range(g * width, (g + 1) * width) for g in range(splits)]
+        self.columns = [slice(g * width, (g + 1) * width) for g in range(splits)]
+
+
+def _reset(envs: list[Any], spec: WorkerSpec, counts: _Counters, progress: Progress) -> list[Any]:
+    """Reset every env (seeded by its collector index); returns their first observations."""
     current: list[Any] = []
-    for j, env in enumerate(envs):
-        seed = None if spec.seed is None else spec.seed + int(env_ids[j])
-        with _blame(int(env_ids[j]), "reset"):
-            progress.enter(Stage.RESET, int(env_ids[j]))
+    for env, env_index in zip(envs, counts.ids, strict=True):
+        seed = None if spec.seed is None else spec.seed + env_index
+        with _blame(env_index, "reset"):
+            progress.enter(Stage.RESET, env_index)
             obs, _ = env.reset(seed=seed)
             progress.leave()
         current.append(obs)
+    return current
 
-    # Each group's columns of the per-env counters, as views made once (they follow the
-    # counters' in-place updates): a request's writes, without slicing per request.
-    group_ids = [env_ids[cols] for cols in columns]
-    group_episodes = [episode[cols] for cols in columns]
-    group_steps = [step[cols] for cols in columns]
 
-    def write(p: int, g: int) -> None:
+def _request_phase(
+    end: WorkerEnd, ring: _Ring, counts: _Counters, split: _Split, current: list[Any]
+) -> Callable[[int, int], None]:
+    """``request(p, g)``: write split ``g``'s current observations (and their env index,
+    episode and step) at position ``p``, then request their actions."""
+    splits, members, columns = split.count, split.members, split.columns
+    observation, ids = ring.observation, counts.ids
+    env_index_field, episode_field, step_field = ring.env_index, ring.episode, ring.step
+    is_init_field = ring.is_init
+    # Each split's columns of the counters, as views made once (they follow the counters'
+    # in-place updates): a request's writes, without slicing per request.
+    split_ids = [counts.env_ids[cols] for cols in columns]
+    split_episodes = [counts.episode[cols] for cols in columns]
+    split_steps = [counts.step[cols] for cols in columns]
+
+    def request(p: int, g: int) -> None:
         for j in members[g]:
-            obs_writer.write(p, j, current[j], ids[j])
+            observation.write(p, j, current[j], ids[j])
         cols = columns[g]
-        env_index_field[p, cols] = group_ids[g]
-        episode_field[p, cols] = group_episodes[g]
-        step_field[p, cols] = group_steps[g]
-        end.request(p * groups + g)
+        env_index_field[p, cols] = split_ids[g]
+        episode_field[p, cols] = split_episodes[g]
+        step_field[p, cols] = split_steps[g]
+        end.request(p * splits + g)
 
-    def write_flagged(p: int, g: int) -> None:
+    def request_flagged(p: int, g: int) -> None:
         assert is_init_field is not None
         cols = columns[g]
-        np.equal(group_steps[g], 0, out=is_init_field[p, cols])  # before the request goes out
-        write(p, g)
+        np.equal(split_steps[g], 0, out=is_init_field[p, cols])  # before the request goes out
+        request(p, g)
 
     # Chosen once: a feed-forward policy's loop is exactly what it was without the flag.
-    emit = write if is_init_field is None else write_flagged
+    return request if is_init_field is None else request_flagged
 
+
+def _drive(
+    end: WorkerEnd,
+    spec: WorkerSpec,
+    envs: list[Any],
+    ring: _Ring,
+    counts: _Counters,
+    split: _Split,
+    current: list[Any],
+    progress: Progress,
+    request: Callable[[int, int], None],
+) -> None:
+    """The rounds: wait for split g's actions; step its envs, writing reward, flags,
+    running return and length, infos and the next observation at ``p`` (an episode's
+    end writes its true final observation, then resets the env); at a chunk's end hand
+    the chunk over (:func:`_hand_over`, or :func:`_end_round` on-policy); request the
+    split's next actions.
+
+    The step phase stays inline, over locals: a function per split and step, even a
+    closure made once, measured slower on cheap envs than this body, which runs once
+    per env step."""
+    splits, steps, on_policy = spec.splits, spec.chunk_steps, spec.on_policy
+    positions = steps * spec.slots
+    members, discrete = split.members, spec.discrete_actions
+    ids, episode, step_count, returns = counts.ids, counts.episode, counts.step, counts.returns
+    action, next_writer, infos = ring.action, ring.next_observation, ring.infos
+    reward, terminated, truncated = ring.reward, ring.terminated, ring.truncated
+    return_field, length_field = ring.episode_return, ring.episode_length
     enter, leave, STEP, RESET = progress.enter, progress.leave, Stage.STEP, Stage.RESET
-    discrete = spec.discrete_actions
     given = end.wait_slot()
-    p = 0 if given is None or spec.on_policy else given * steps
-    if spec.on_policy:
+    p = 0 if given is None or on_policy else given * steps
+    if on_policy:
         end.wait_slot()  # the first round's go-ahead: weights set before it are used
-    for g in range(groups):
-        emit(p, g)
+    for g in range(splits):
+        request(p, g)
     while True:
         nxt = p + 1 if p + 1 < positions else 0
         new_slot = nxt % steps == 0
-        for g in range(groups):
+        for g in range(splits):
             end.wait_response()
             actions = action[p]
             for j in members[g]:
@@ -254,7 +325,7 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                         f"bools ({exc})"
                     )
                 return_field[p, j] = returns[j]
-                length_field[p, j] = step[j] + 1
+                length_field[p, j] = step_count[j] + 1
                 infos.write(p, j, info, ids[j])
                 if term or trunc:
                     try:
@@ -264,26 +335,40 @@ def _loop(end: WorkerEnd, spec: WorkerSpec, envs: list[Any], progress: Progress)
                     except Exception as exc:
                         raise EnvError(ids[j], "reset") from exc
                     episode[j] += 1
-                    step[j] = 0
+                    step_count[j] = 0
                     returns[j] = 0.0
                 else:
-                    step[j] += 1
+                    step_count[j] += 1
                 current[j] = obs
             if not new_slot:
-                emit(nxt, g)
-            elif not spec.on_policy:
-                if g == groups - 1:
-                    end.hand_over(p // steps)
-                if g == 0:
-                    given = end.wait_slot()
-                    if given is not None:  # the slot given back (where credits name it)
-                        nxt = given * steps
-                emit(nxt, g)
-        if new_slot and spec.on_policy:
-            # The round's end: every group has stepped; the next round's requests wait
-            # for the consumer's go-ahead (its weights are set by then).
-            end.hand_over(p // steps)
-            end.wait_slot()
-            for g in range(groups):
-                emit(nxt, g)
+                request(nxt, g)
+            elif not on_policy:
+                nxt = _hand_over(end, g, splits, p, steps, nxt)
+                request(nxt, g)
+        if new_slot and on_policy:
+            _end_round(end, p, steps)
+            for g in range(splits):
+                request(nxt, g)
         p = nxt
+
+
+def _hand_over(end: WorkerEnd, g: int, splits: int, p: int, steps: int, nxt: int) -> int:
+    """Off-policy, split ``g`` has stepped position ``p``, a chunk's last: the last split
+    hands the chunk over; the first takes the next slot before its request
+    (backpressure). Returns the position to write next: the first of the slot given
+    back where the transport names it, else ``nxt``."""
+    if g == splits - 1:
+        end.hand_over(p // steps)
+    if g == 0:
+        given = end.wait_slot()
+        if given is not None:  # the slot given back (where credits name it)
+            return given * steps
+    return nxt
+
+
+def _end_round(end: WorkerEnd, p: int, steps: int) -> None:
+    """On-policy, every split has stepped position ``p``, a round's last: hand the round
+    over and wait for the consumer's go-ahead (its weights are set by then), before any
+    request of the next round."""
+    end.hand_over(p // steps)
+    end.wait_slot()

@@ -74,8 +74,8 @@ class WorkerSpec:
 
     ``env_fns`` are the worker's factories, each building what ``source`` describes;
     the worker's envs are numbered from ``env_offset`` (a vector env's sub-envs count
-    one by one). ``groups`` is the number of groups its envs split into, each with a
-    request of its own outstanding (for vector envs: one group per vector env).
+    one by one). ``splits`` is the number of splits its columns fall into, each with a
+    request of its own outstanding (for vector envs: one split per vector env).
     ``slots`` is the number of chunk buffers its credits may name
     (``RingLayout.credited_slots``: a pooled ring's are every worker's). ``first_episode``
     numbers the first episode of each env (a restarted worker goes on from where the

@@ -15,15 +15,15 @@ import sys
 
 import pytest
 
-from rlcollect.worker.vector_loop import DRIVER_NICE
+from rlcollect.worker.vector_priority import DRIVER_NICE
 
 # A worker process: SCHED_BATCH, as process_slots starts it; then what vector_loop does
 # first. Prints the thread's niceness and scheduling policy afterwards.
 WORKER = """
 import os, threading
-from rlcollect.worker.vector_loop import _schedule_as_the_envs_driver
+from rlcollect.worker.vector_priority import schedule_as_the_envs_driver
 os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-_schedule_as_the_envs_driver(raise_priority={raise_priority})
+schedule_as_the_envs_driver(raise_priority={raise_priority})
 me = threading.get_native_id()
 print(os.getpriority(os.PRIO_PROCESS, me), os.sched_getscheduler(0) == os.SCHED_OTHER)
 """
@@ -59,7 +59,7 @@ def worker_niceness(*, rlimit_nice, cap_sys_nice, nice=0, raise_priority=True):
 @pytest.mark.parametrize(
     "rlimit_nice, cap_sys_nice, nice, expected",
     [
-        (0, True, 0, DRIVER_NICE),  # root, as on the H200: the capability is enough
+        (0, True, 0, DRIVER_NICE),  # root: the capability is enough
         (0, False, 0, 0),  # neither: keeps its niceness
         (0, False, 3, 3),  # ... whatever it inherited
         (0, True, DRIVER_NICE - 5, DRIVER_NICE - 5),  # started lower: not raised the other way
