@@ -32,12 +32,36 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from rlcollect.transports.layout import Key, RingLayout
+Key = tuple[str, ...]  # a TensorDict key as a tuple of names (layout.py's Key)
+
+
+class RingLayout(Protocol):
+    """What addressing reads of a ring's shape (``layout.RingLayout`` has it all). A
+    protocol, not an import: ``layout.py`` builds on this module, never the other way."""
+
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def columns(self) -> int: ...
+    @property
+    def chunk_steps(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def staging(self) -> Any: ...
+    @property
+    def rounds(self) -> bool: ...
+    @property
+    def pooled(self) -> bool: ...
+    @property
+    def positions(self) -> int: ...
+    @property
+    def fields(self) -> tuple[Any, ...]: ...
+
 
 __all__ = ["OwnSlots", "PooledSlots", "SlotAddressing", "request_envs", "slot_addressing"]
 
