@@ -7,8 +7,8 @@ inside each torch call) and must take it back each time. A thread busy in pure P
 (a training loop that parses, logs or loops over rows) keeps the lock until the switch
 interval runs out (``sys.getswitchinterval()``, 5 ms by default), so each take-back
 costs that long and collection starves; with ``inference_backend="process"`` the server
-has an interpreter of its own and does not wait (``benchmarks/experiments/busy_main.py``
-compares the two). Nothing in the collector can take the lock from such a thread; it
+has an interpreter of its own and does not wait (``docs/decisions/server-process.md``
+has the measurement). Nothing in the collector can take the lock from such a thread; it
 can tell the user.
 
 How: now and then (``LockWatch.check``) the server lets go of the lock for no time
