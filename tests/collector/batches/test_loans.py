@@ -134,7 +134,9 @@ def test_a_lent_batch_survives_close(transport):
     with collector(transport) as c:
         batch = next(iter(c))
         copy = batch.clone()
-        assert c.stats()["lent_batches"] == 1
+        # The first batch is lent (nothing else is out yet); a second chunk may have come
+        # in the same wait and been lent too, on a busy machine.
+        assert c.stats()["lent_batches"] >= 1
     assert (batch == copy).all()
     assert batch["observation"].sum() > 0
 
