@@ -12,9 +12,12 @@ Nature CNN, Adam at 1e-4, batches of 32, one gradient step per 4 env steps
 (``train_ratio = 32 / 4``, which holds whatever the machine), learning from 80k steps,
 epsilon from 1 to 0.01 over the first 10% of the steps (it travels with the weights
 pushed to the collector), the target network copied every 1000 env steps, the mean
-squared TD error on rewards clipped to their sign. It prints env steps/s, updates/s and
-the games' scores, and writes a JSON summary and the learning curve (a PNG, if
-matplotlib is installed) to ``--out``.
+squared TD error on rewards clipped to their sign. Unlike CleanRL, ``--envs`` games step
+together (the hyperparameters count env steps of all of them), and an episode is a whole
+game (ale-py's ``episodic_life`` restarts the game at each life lost, which CleanRL's
+wrapper does not), so its return is the game's score. It prints env steps/s, updates/s
+and the scores, and writes a JSON summary and the learning curve (a PNG, if matplotlib
+is installed) to ``--out``.
 
     python examples/dqn_atari.py --out examples/results            # Pong, 10M steps: a GPU
     python examples/dqn_atari.py --total-steps 640 --buffer-size 1024 --learning-starts 512 \\
