@@ -1,18 +1,27 @@
-"""DQN on Atari Pong with the Nature CNN, collection running in the background.
+"""DQN on Atari with CleanRL's hyperparameters, each frame of the replay stored once.
 
-16 Pong envs step in worker processes and the collector writes every transition into a
-replay buffer (on the GPU when there is one) from a background thread; this script is
-the learner: a gradient step on 32 sampled transitions per 4 env steps, a target
-network copied now and then, weights (with the exploration rate) pushed to the
-collector. ``train_ratio = batch_size / train_every`` holds that pace whatever the
-machine, both ways: collection waits whenever it would get ahead of the learner, the
-learner (``wait_to_sample``) whenever it would get ahead of collection. On a GPU the
-acting policy runs as a CUDA graph. The script prints env steps/s, updates/s and the
-episode returns, and writes a JSON summary (and the learning curve as a PNG, if
-matplotlib is installed) to ``--out``.
+ale-py's ``AtariVectorEnv`` (84x84 grayscale, 4 stacked frames, frameskip 4 with the max
+of the last two, 1 to 30 no-ops and FIRE at reset) steps ``--envs`` games in a worker of
+the collector, which writes every transition into ``ReplayBuffer(buffer_size,
+frame_stack=4)`` from its background thread. Each 84x84 frame is stored once: CleanRL's
+1M transitions take 7.6 GB instead of 56 GB, and ``observation`` and
+``("next", "observation")`` are rebuilt when sampled (on the GPU where the buffer is).
 
-    python examples/dqn_atari.py                     # 10M env steps (40M frames), a GPU
-    python examples/dqn_atari.py --steps 2000 --envs 2 --learning-starts 500  # CPU smoke
+This script is the learner, with the hyperparameters of CleanRL's ``dqn_atari.py``: the
+Nature CNN, Adam at 1e-4, batches of 32, one gradient step per 4 env steps
+(``train_ratio = 32 / 4``, which holds whatever the machine), learning from 80k steps,
+epsilon from 1 to 0.01 over the first 10% of the steps (it travels with the weights
+pushed to the collector), the target network copied every 1000 env steps, the mean
+squared TD error on rewards clipped to their sign. Unlike CleanRL, ``--envs`` games step
+together (the hyperparameters count env steps of all of them), and an episode is a whole
+game (ale-py's ``episodic_life`` restarts the game at each life lost, which CleanRL's
+wrapper does not), so its return is the game's score. It prints env steps/s, updates/s
+and the scores, and writes a JSON summary and the learning curve (a PNG, if matplotlib
+is installed) to ``--out``.
+
+    python examples/dqn_atari.py --out examples/results            # Pong, 10M steps: a GPU
+    python examples/dqn_atari.py --total-steps 640 --buffer-size 1024 --learning-starts 512 \\
+        --envs 2 --out /tmp/dqn_atari                               # a CPU smoke run
 """
 
 from __future__ import annotations
@@ -24,8 +33,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-import ale_py
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -36,91 +43,40 @@ from rlcollect import AsyncBatchedCollector, ReplayBuffer
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--env-id", default="ALE/Pong-v5")
-    p.add_argument("--steps", type=int, default=10_000_000, help="env steps (4 frames each)")
-    p.add_argument("--envs", type=int, default=16)
+    p.add_argument("--env-id", default="pong", help="an ALE ROM: pong, breakout, ...")
+    p.add_argument("--total-steps", type=int, default=10_000_000, help="env steps, all envs")
+    p.add_argument("--envs", type=int, default=8, help="games in the AtariVectorEnv")
     p.add_argument("--seed", type=int, default=1)
-    # 56 KB a row (observation and next observation): 1M rows take 56 GB
     p.add_argument("--buffer-size", type=int, default=1_000_000)
+    p.add_argument("--buffer-device", default=None, help="default: cuda where available")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--train-every", type=int, default=4, help="env steps per gradient step")
     p.add_argument("--learning-starts", type=int, default=80_000)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--target-every", type=int, default=250, help="updates between target copies")
-    p.add_argument("--explore-steps", type=int, default=1_000_000, help="epsilon 1 -> final")
+    p.add_argument("--target-every", type=int, default=1000, help="env steps between copies")
+    p.add_argument("--explore-fraction", type=float, default=0.1, help="of the steps: eps 1->end")
     p.add_argument("--final-epsilon", type=float, default=0.01)
     p.add_argument("--push-every", type=int, default=25, help="updates between weight pushes")
-    # envs per inference batch and per replay write; collection leads the learner by one
-    p.add_argument("--frames-per-batch", type=int, default=128)
-    # "process": inference in a process of its own, out of reach of the learner's GIL
-    p.add_argument("--inference-backend", choices=["thread", "process"], default="thread")
+    # rows per replay write: 32 steps of each env, so a stack's frames mostly lie together
+    p.add_argument("--frames-per-batch", type=int, default=256)
+    p.add_argument("--transport", choices=["thread", "process_slots"], default="process_slots")
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between reports")
     p.add_argument("--out", type=Path, default=Path("examples/results"))
     return p.parse_args()
 
 
-def area_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each output pixel of an area-averaging resize, the input pixels it covers
-    ``[size_out, k]`` and their weights (the overlap, over the output pixel's width)."""
-    scale = size_in / size_out
-    k = int(np.ceil(scale)) + 1
-    index = np.zeros((size_out, k), np.int64)
-    weight = np.zeros((size_out, k), np.float32)
-    for i in range(size_out):
-        lo, hi = i * scale, (i + 1) * scale
-        for n, j in enumerate(range(int(lo), min(size_in, int(np.ceil(hi))))):
-            index[i, n], weight[i, n] = j, (min(hi, j + 1) - max(lo, j)) / scale
-    return index, weight
+def make_env(game: str, num_envs: int):
+    """``num_envs`` games in one AtariVectorEnv, stepped whole. Raw rewards (the learner
+    clips them), so that an episode's return is the game's score."""
+    from ale_py.vector_env import AtariVectorEnv  # here: it runs in the worker
 
-
-class NatureFrames(gym.Wrapper):
-    """The frame pipeline of the Nature DQN paper, in numpy.
-
-    After each reset, 1 to ``noop_max`` no-op actions (varied starts); each action
-    repeated ``skip`` frames, returning the pixel-wise max of the last two (some sprites
-    are drawn every other frame only); the grayscale screen area-averaged down to
-    ``size`` x ``size`` uint8. gymnasium's ``AtariPreprocessing`` does the same with
-    OpenCV, which this example does without.
-    """
-
-    def __init__(self, env: gym.Env, skip: int = 4, size: int = 84, noop_max: int = 30) -> None:
-        super().__init__(env)
-        self.skip, self.noop_max = skip, noop_max
-        h, w = env.observation_space.shape
-        self.rows, self.row_weights = area_weights(h, size)
-        self.cols, self.col_weights = area_weights(w, size)
-        self.observation_space = gym.spaces.Box(0, 255, (size, size), np.uint8)
-
-    def resize(self, frame: np.ndarray) -> np.ndarray:
-        tall = np.einsum("ikw,ik->iw", frame[self.rows], self.row_weights)
-        small = np.einsum("ijk,jk->ij", tall[:, self.cols], self.col_weights)
-        return small.round().astype(np.uint8)
-
-    def reset(self, **kwargs):
-        frame, info = self.env.reset(**kwargs)
-        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            frame, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
-                frame, info = self.env.reset()
-        return self.resize(frame), info
-
-    def step(self, action):
-        total, last_two = 0.0, []
-        for _ in range(self.skip):
-            frame, reward, terminated, truncated, info = self.env.step(action)
-            total += float(reward)
-            last_two = [*last_two[-1:], frame]
-            if terminated or truncated:
-                break
-        return self.resize(np.max(last_two, axis=0)), total, terminated, truncated, info
-
-
-def make_env(env_id: str) -> gym.Env:
-    gym.register_envs(ale_py)  # here, not at import: this runs in the worker processes
-    # frameskip=1: NatureFrames repeats actions itself; no sticky actions, as in the paper
-    env = gym.make(env_id, obs_type="grayscale", frameskip=1, repeat_action_probability=0.0)
-    return gym.wrappers.FrameStackObservation(NatureFrames(env), stack_size=4)
+    return AtariVectorEnv(
+        game, num_envs, batch_size=num_envs, num_threads=min(num_envs, 4),
+        img_height=84, img_width=84, grayscale=True, stack_num=4, frameskip=4,
+        maxpool=True, noop_max=30, use_fire_reset=True, reward_clipping=False,
+        repeat_action_probability=0.0,
+    )  # fmt: skip
 
 
 class NatureCNN(torch.nn.Module):
@@ -142,16 +98,12 @@ class NatureCNN(torch.nn.Module):
 
 
 class EpsilonGreedy(torch.nn.Module):
-    """The acting policy: greedy in Q, random with probability ``epsilon``.
-
-    ``epsilon`` is a buffer, so it travels with the weights the learner pushes. No
-    host synchronisation anywhere: the step can be captured as a CUDA graph.
-    """
+    """The acting policy: greedy in Q, random with probability ``epsilon``, a buffer that
+    travels with the weights. No host synchronisation: a CUDA graph can capture it."""
 
     def __init__(self, q: NatureCNN, num_actions: int) -> None:
         super().__init__()
-        self.q = q
-        self.num_actions = num_actions
+        self.q, self.num_actions = q, num_actions
         self.register_buffer("epsilon", torch.ones(()))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -161,24 +113,20 @@ class EpsilonGreedy(torch.nn.Module):
         return torch.where(explore, random, greedy)
 
 
-class EpisodeLog(ReplayBuffer):
-    """The replay buffer, also adding up each env's rewards to log finished episodes."""
+class ScoredReplay(ReplayBuffer):
+    """The replay buffer (each frame stored once), also logging each finished game:
+    (env steps so far, score), from the collector's episode returns."""
 
-    def __init__(self, capacity: int, num_envs: int, device: str, seed: int) -> None:
-        super().__init__(capacity, device=device, seed=seed)
-        self.running = np.zeros(num_envs)
-        self.finished: list[tuple[int, float]] = []  # (env steps so far, return)
+    def __init__(self, capacity: int, device: str, seed: int) -> None:
+        super().__init__(capacity, device=device, seed=seed, frame_stack=4)
+        self.finished: list[tuple[int, float]] = []
 
     def extend(self, data: TensorDict) -> None:
         super().extend(data)
-        envs = data["env_index"].tolist()
-        rewards = data[("next", "reward")].tolist()
-        dones = data[("next", "done")].tolist()
-        for i, (env, reward, done) in enumerate(zip(envs, rewards, dones, strict=True)):
-            self.running[env] += reward
-            if done:
-                self.finished.append((self.written - len(envs) + i + 1, self.running[env]))
-                self.running[env] = 0.0
+        done = data["next", "done"]
+        ends = (self.written - len(done) + 1 + done.nonzero().squeeze(1)).tolist()
+        scores = data["next", "episode_return"][done].tolist()
+        self.finished += zip(ends, scores, strict=True)
 
 
 def main() -> None:
@@ -186,50 +134,49 @@ def main() -> None:
     torch.manual_seed(args.seed)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    env_fn = functools.partial(make_env, args.env_id)
+    if not cuda:
+        torch.set_num_threads(1)  # the learner's threads: leave the cores to the envs
+    env_fn = functools.partial(make_env, args.env_id, args.envs)
     probe = env_fn()
-    num_actions = int(probe.action_space.n)
+    num_actions = int(probe.single_action_space.n)
     probe.close()
 
     q = NatureCNN(num_actions).to(device)
     target = NatureCNN(num_actions).to(device)
     target.load_state_dict(q.state_dict())
     acting = EpsilonGreedy(q, num_actions).to(device)
-    # fused: one kernel for the whole Adam step, where CUDA has it
     optimizer = torch.optim.Adam(q.parameters(), lr=args.lr, fused=cuda)
-    # no more rows than the run will write: the storage is laid out in full on first write
-    rb = EpisodeLog(min(args.buffer_size, args.steps), args.envs, device, args.seed)
+    rb = ScoredReplay(args.buffer_size, args.buffer_device or device, args.seed)
+    explore_steps = args.explore_fraction * args.total_steps
 
     collector = AsyncBatchedCollector(
-        [env_fn] * args.envs,
+        [env_fn],
         acting,
         frames_per_batch=args.frames_per_batch,
-        total_frames=args.steps,
+        total_frames=args.total_steps,
+        transport=args.transport,
         policy_device=device,
         cuda_graph=cuda,
-        inference_backend=args.inference_backend,
         replay_buffer=rb,
         train_ratio=args.batch_size / args.train_every,
         learning_starts=args.learning_starts,
         seed=args.seed,
     )
     print(
-        f"DQN on {args.env_id}: {args.envs} envs, {args.steps} env steps, learner and "
-        f"replay buffer on {device}, acting {'as a CUDA graph' if cuda else 'eagerly'}",
+        f"DQN on {args.env_id}: {args.envs} envs, {args.total_steps} env steps, replay of "
+        f"{args.buffer_size} on {rb.device} (frame_stack=4), learner on {device}",
         flush=True,
     )
     start = last_log = time.perf_counter()
     learn_start: tuple[float, int] | None = None  # (time, env steps) of the first update
-    updates = logged = 0
+    updates = logged = copies = 0
     recent: deque[float] = deque(maxlen=20)
     with collector:
         collector.start()
-        # True while the learner is below its share (train_ratio rows sampled per row
-        # collected past learning_starts); False once collection has ended and the share
-        # is used up (or after a minute with nothing to sample: join() then says why).
+        # True while the learner is below its share of samples; False once collection
+        # has ended and the share is used up (or after a minute with nothing to sample).
         while collector.wait_to_sample(timeout=60.0):
-            # progress: returns of the episodes finished since the last look
-            recent.extend(ret for _, ret in rb.finished[logged:])
+            recent.extend(score for _, score in rb.finished[logged:])
             logged = len(rb.finished)
             now = time.perf_counter()
             if now - last_log >= args.log_every:
@@ -238,40 +185,43 @@ def main() -> None:
                 print(
                     f"{now - start:6.0f} s  steps {rb.written:9d}  "
                     f"{rb.written / (now - start):6.0f} env steps/s  {ups:5.0f} updates/s  "
-                    f"episodes {len(rb.finished):4d}  mean return (last 20) "
+                    f"games {len(rb.finished):4d}  mean score (last 20) "
                     f"{np.mean(recent) if recent else float('nan'):6.1f}  "
-                    f"epsilon {float(acting.epsilon):.3f}",
+                    f"epsilon {float(acting.epsilon):.3f}  replay {rb.nbytes / 1e9:.2f} GB",
                     flush=True,
                 )
-
             if learn_start is None:
                 learn_start = (time.perf_counter(), rb.written)
 
-            # one DQN update: Huber loss on the TD error, rewards clipped to their sign
-            batch = rb.sample(args.batch_size)
+            # one DQN update: mean squared TD error, rewards clipped to their sign
+            batch = rb.sample(args.batch_size).to(device, non_blocking=True)
             with torch.no_grad():
                 next_q = target(batch["next", "observation"]).max(dim=-1).values
                 not_done = (~batch["next", "terminated"]).float()
-                reward = batch["next", "reward"].sign()
-                td_target = reward + args.gamma * next_q * not_done
+                td_target = batch["next", "reward"].sign() + args.gamma * next_q * not_done
             q_taken = q(batch["observation"]).gather(1, batch["action"][:, None]).squeeze(1)
-            loss = F.smooth_l1_loss(q_taken, td_target)
+            loss = F.mse_loss(q_taken, td_target)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             updates += 1
 
-            # target copy; new weights and exploration rate for the collector
-            if updates % args.target_every == 0:
+            # target copy every target_every env steps; new weights and epsilon pushed
+            if rb.written // args.target_every > copies:
+                copies = rb.written // args.target_every
                 target.load_state_dict(q.state_dict())
             if updates % args.push_every == 0:
-                frac = min(1.0, rb.written / args.explore_steps)
+                frac = min(1.0, rb.written / explore_steps)
                 acting.epsilon.fill_(1.0 + frac * (args.final_epsilon - 1.0))
                 collector.update_policy_weights_(acting)
         collector.join(timeout=60.0)  # raises the background error, if collection failed
         stats = collector.stats()
     seconds = time.perf_counter() - start
+    write_results(args, rb, updates, learn_start, seconds, stats, device)
 
+
+def write_results(args, rb, updates, learn_start, seconds, stats, device) -> None:
+    """The JSON summary (with the curve) and, with matplotlib, the curve as a PNG."""
     learning = None
     if learn_start is not None:
         learn_seconds = time.perf_counter() - learn_start[0]
@@ -280,14 +230,21 @@ def main() -> None:
             "env_steps_per_second": (rb.written - learn_start[1]) / learn_seconds,
             "updates_per_second": updates / learn_seconds,
         }
-    returns = [r for _, r in rb.finished]
+    scores = [s for _, s in rb.finished]
     summary = {
         "env_id": args.env_id,
         "device": device,
+        "replay": {
+            "device": str(rb.device),
+            "capacity": rb.capacity,
+            "len": len(rb),
+            "frame_stack": rb.frame_stack,
+            "gb": rb.nbytes / 1e9,
+        },
         "env_steps": rb.written,
         "updates": updates,
-        "episodes": len(returns),
-        "mean_return_last_20": float(np.mean(returns[-20:])) if returns else None,
+        "episodes": len(scores),
+        "mean_return_last_20": float(np.mean(scores[-20:])) if scores else None,
         "wall_seconds": seconds,
         "env_steps_per_second": rb.written / seconds,
         "while_learning": learning,  # from the first update on: the learner sets the pace
@@ -307,14 +264,14 @@ def main() -> None:
     except ImportError:
         print("matplotlib is not installed: no learning-curve PNG")
         return
-    steps, rets = zip(*rb.finished, strict=True) if rb.finished else ((), ())
-    smooth = [np.mean(rets[max(0, i - 19) : i + 1]) for i in range(len(rets))]
+    steps, got = zip(*rb.finished, strict=True) if rb.finished else ((), ())
+    smooth = [np.mean(got[max(0, i - 19) : i + 1]) for i in range(len(got))]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, rets, ".", alpha=0.3, label="episode return")
+    ax.plot(steps, got, ".", alpha=0.3, label="game score")
     ax.plot(steps, smooth, label="mean of the last 20")
     ax.set_xlabel("env steps")
-    ax.set_ylabel("return")
-    ax.set_title(f"DQN on {args.env_id}, rlcollect background collection ({seconds:.0f} s)")
+    ax.set_ylabel("score")
+    ax.set_title(f"DQN on {args.env_id}, replay with frame_stack=4 ({seconds:.0f} s)")
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(args.out / "dqn_atari.png", dpi=120)

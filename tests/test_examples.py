@@ -180,7 +180,7 @@ def test_dqn_atari(tmp_path):
     # A Nature CNN update takes a good fraction of a second on a CPU: few of them here.
     run(
         "examples/dqn_atari.py",
-        *("--steps", "640", "--envs", "2", "--learning-starts", "512"),
+        *("--total-steps", "640", "--envs", "2", "--learning-starts", "512"),
         *("--buffer-size", "1024", "--frames-per-batch", "64", "--log-every", "1"),
         *("--out", str(tmp_path)),
     )
@@ -190,6 +190,27 @@ def test_dqn_atari(tmp_path):
     )
     assert result["while_learning"]["updates_per_second"] > 0
     assert result["mean_inference_batch"] >= 1
+    # the replay stores each frame once: 1024 transitions of 84x84 frames in under 8 MB
+    replay = result["replay"]
+    assert replay["frame_stack"] == 4 and replay["len"] == 640 and replay["gb"] < 0.008
+
+
+def test_frame_replay_benchmark(tmp_path):
+    out = run(
+        "benchmarks/frame_replay.py",
+        *("--capacity", "4096", "--full-capacity", "8192", "--batch", "128"),
+        *("--rounds", "2", "--seconds", "0.02", "--fill-full", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "frame_replay.json").read_text())
+    assert result["same_rows"] and result["len"] == {"frame_stack": 4096, "rows": 4096}
+    memory = result["memory"]  # one frame and its scalars, against eight frames
+    assert memory["ratio_to_one_frame_and_scalars"] <= 1.1
+    assert memory["rows_bytes_per_transition"] > 8 * memory["frame_bytes"]
+    for n in ("32", "256"):
+        sample = result["sample"][n]
+        assert sample["rows_us_median"] > 0 and sample["frame_stack_ratio"]["median"] > 0
+    assert result["full"]["len"] == 8192
+    assert "| 256 | frame_stack |" in out
 
 
 def test_startup_benchmark(tmp_path):

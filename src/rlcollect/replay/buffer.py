@@ -34,6 +34,13 @@ records an event that the sampler hands in as it deregisters; before its next co
 writer's stream waits on all events handed in since its last write (more than the rows
 it overwrites need; it keeps the list short) and on the previous ``_write_event``, which
 keeps the chain intact if the writer changes streams.
+
+With ``frame_stack`` a write also copies its rows' new frames into the frame store
+(``rlcollect/replay/frames.py``) in step 2, before the rows; the positions of each row's
+frames are one more row field. Step 1 then also moves ``_lo`` past every row that names
+a frame the write overwrites, so the same wait covers the frames: a frame is overwritten
+only once no readable row names it and no sampler that picked such a row is gathering.
+The storage half (laying out, copying, gathering) is ``rlcollect/replay/ring.py``.
 """
 
 from __future__ import annotations
@@ -43,55 +50,40 @@ from typing import Any
 
 import torch
 
-from rlcollect._tensordict import TensorDict, TensorDictBase, is_non_tensor
+from rlcollect._tensordict import TensorDict
 from rlcollect.errors import CollectorError
+from rlcollect.replay.frames import (
+    NEXT_OBSERVATION,
+    OBSERVATION,
+    TABLE,
+    FrameStore,
+    Plan,
+    check_stacks,
+)
+from rlcollect.replay.ring import RingStorage
+from rlcollect.replay.rows import Rows, check_layout, leaves
+from rlcollect.replay.state import checked, restored, saved
 
-__all__ = ["ReplayBuffer"]
-
-_Rows = dict[tuple[str, ...], torch.Tensor]  # batch fields by nested key
-_Fields = list[tuple[tuple[str, ...], torch.Tensor]]  # storage, in key order
-
-
-def _name(key: tuple[str, ...]) -> str:
-    return repr(key[0]) if len(key) == 1 else repr(key)
-
-
-def _leaves(data: Any, what: str) -> _Rows:
-    """The tensors of a one-dim TensorDict by nested key; anything else is refused."""
-    if not isinstance(data, TensorDictBase):
-        raise TypeError(f"{what} needs a TensorDict, got {type(data).__name__}")
-    if data.batch_dims != 1:
-        raise ValueError(f"{what} needs a one-dim batch [n], got batch_size {list(data.shape)}")
-    leaves = {}
-    for key, value in data.items(include_nested=True):
-        key = key if isinstance(key, tuple) else (key,)
-        if isinstance(value, torch.Tensor):
-            leaves[key] = value
-        elif is_non_tensor(value):
-            raise TypeError(f"{what}: {_name(key)} holds non-tensor data; only tensors are stored")
-    return leaves
+__all__ = ["FrameStackError", "ReplayBuffer"]
 
 
-def _check_layout(fields: _Fields, rows: _Rows) -> None:
-    """``rows`` must have the keys, per-row shapes and dtypes of the stored ``fields``."""
-    layout = dict(fields)
-    missing = ", ".join(_name(k) for k in layout if k not in rows)
-    extra = ", ".join(_name(k) for k in rows if k not in layout)
-    if missing or extra:
-        raise ValueError(
-            "extend: keys differ from the buffer's layout (fixed by the first write): "
-            f"missing [{missing}], extra [{extra}]"
-        )
-    for key, stored in layout.items():
-        got, what = rows[key], f"extend: {_name(key)} has"
-        if got.shape[1:] != stored.shape[1:]:
-            shapes = f"{list(got.shape[1:])}, the buffer stores {list(stored.shape[1:])}"
-            raise ValueError(f"{what} rows of shape {shapes}")
-        if got.dtype != stored.dtype:
-            raise TypeError(f"{what} dtype {got.dtype}, the buffer stores {stored.dtype}")
+class FrameStackError(ValueError):
+    """A row's frame stack is not the one rebuilt from the frames stored before it.
+
+    Raised by ``extend`` on a buffer with ``frame_stack=k`` where a verified row's
+    ``observation`` or ``("next", "observation")`` differs, bit for bit, from the stack
+    its frames rebuild: the env stacks on another axis than the first, or a wrapper
+    changes frames once stacked. The message names the key and the env; no row of the
+    batch becomes readable.
+
+    Examples:
+        >>> from rlcollect.replay import FrameStackError
+        >>> issubclass(FrameStackError, ValueError)  # bad input, found in the rows
+        True
+    """
 
 
-class ReplayBuffer:
+class ReplayBuffer(RingStorage):
     """Uniform-sampling ring buffer of transitions, for one writer and many samplers.
 
     The first non-empty ``extend`` lays out the storage from its keys (nested keys
@@ -105,10 +97,19 @@ class ReplayBuffer:
         pin_memory: keep storage and samples in page-locked host memory (CPU device
             only), so that ``sample(n).to("cuda", non_blocking=True)`` overlaps.
         seed: seeds the buffer's own generator; ``None`` draws a random seed.
+        frame_stack: ``k`` to store each frame of stacked observations once: rows with
+            ``observation`` ``[k, *frame]`` (the stack on the first axis, oldest frame
+            first) and ``env_index``, ``episode`` and ``step`` (as the collector writes
+            them), whose ``observation`` and ``("next", "observation")`` are rebuilt at
+            ``sample()``, bit for bit (``rlcollect/replay/frames.py``; ``None``: rows as
+            given). A transition then costs one frame, and each episode one more; the
+            frames kept (``capacity`` and 1/16 more) hold ``capacity`` rows where
+            episodes last 32 steps or more and one ``extend`` writes at most
+            ``capacity / 32`` rows, fewer rows otherwise.
 
     Raises:
-        ValueError: a bad capacity, device or seed, ``pin_memory`` off the CPU, or
-            CUDA asked for (device or pinning) where none is available.
+        ValueError: a bad capacity, device, seed or frame_stack, ``pin_memory`` off the
+            CPU, or CUDA asked for (device or pinning) where none is available.
 
     Examples:
         >>> import torch
@@ -133,9 +134,14 @@ class ReplayBuffer:
         device: str | torch.device = "cpu",
         pin_memory: bool = False,
         seed: int | None = None,
+        frame_stack: int | None = None,
     ) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        if frame_stack is not None and (
+            not isinstance(frame_stack, int) or isinstance(frame_stack, bool) or frame_stack < 1
+        ):
+            raise ValueError(f"frame_stack must be a positive int or None, got {frame_stack!r}")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
         dev = torch.device(device)
@@ -149,13 +155,14 @@ class ReplayBuffer:
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         self.capacity, self.device, self.pin_memory = capacity, dev, pin_memory
+        self.frame_stack, self._seed = frame_stack, seed
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
         else:
             self._generator.manual_seed(seed)
         self._cond = threading.Condition()
-        self._fields: _Fields | None = None
+        self._fields, self._frames = None, None
         self._lo = self._hi = self._size = self._written = self._sampled = 0
         self._epoch = self._readers = self._old_readers = 0
         self._writing = False
@@ -176,11 +183,19 @@ class ReplayBuffer:
         """Rows ever returned by ``sample`` (the sum of the batch sizes)."""
         return self._sampled
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage laid out (0 before the first write): every field's, and with
+        ``frame_stack`` the frames', their table's and the host's record of them."""
+        fields = sum(tensor.nbytes for _, tensor in self._fields or [])
+        return fields + (0 if self._frames is None else self._frames.nbytes)
+
     def __repr__(self) -> str:
         keys = [".".join(k) for k, _ in self._fields or []]
+        stack = "" if self.frame_stack is None else f", frame_stack={self.frame_stack}"
         return (
             f"ReplayBuffer(capacity={self.capacity}, len={len(self)}, "
-            f"device={self.device}, keys={keys})"
+            f"device={self.device}, keys={keys}{stack})"
         )
 
     def extend(self, data: TensorDict) -> None:
@@ -192,7 +207,11 @@ class ReplayBuffer:
 
         Raises:
             TypeError: not a TensorDict, non-tensor data, or a dtype other than stored.
-            ValueError: a key missing or extra, or a per-row shape other than stored.
+            ValueError: a key missing or extra, or a per-row shape other than stored;
+                with ``frame_stack``, no stacks ``[n, k, *frame]`` or no integer
+                ``env_index``, ``episode`` and ``step``.
+            FrameStackError: with ``frame_stack``, a row's stack differs from the one
+                rebuilt from its frames (no row of the batch is written).
             CollectorError: another thread is in ``extend`` or ``load_state_dict`` (the
                 buffer has one writer).
 
@@ -211,20 +230,42 @@ class ReplayBuffer:
             ...
             ValueError: extend: keys differ from the buffer's layout ...: missing ['x'], extra ['y']
         """
-        rows = _leaves(data, "extend")
+        rows = leaves(data, "extend")
+        k, obs, nxt = self.frame_stack, None, None
+        if k is not None:  # the stacks go to the frame store, the other fields to rows
+            obs, nxt = rows.pop(OBSERVATION, None), rows.pop(NEXT_OBSERVATION, None)
+            check_stacks(k, obs, nxt, None if self._frames is None else self._frames.frames)
         if self._fields is not None:
-            _check_layout(self._fields, rows)
+            check_layout(self._fields, rows)
         n = data.batch_size[0]
         if n == 0:
             return
         m = min(n, self.capacity)
         rows = {key: value[n - m :] for key, value in rows.items()}
+        if k is None or obs is None or nxt is None:  # (check_stacks refused None)
+            self._write(rows, m, n, None)
+            return
+        obs, nxt = obs[n - m :], nxt[n - m :]
+        if self._frames is None:
+            self._frames = FrameStore(self.capacity, k, obs[:, 0], self._empty, self._seed)
+        dropped = n - m  # rows dropped at once (beyond capacity) count as written
+        for plan in self._frames.plans(rows, obs, nxt):
+            self._write(plan.rows, plan.size, plan.size + dropped, plan)
+            dropped = 0
+
+    def _write(self, rows: Rows, m: int, count: int, frames: Plan | None) -> None:
+        """Write ``m`` rows (``count`` rows written, for ``written``) by the protocol of
+        the module docstring; with ``frame_stack``, their frames first."""
         with self._cond:
             self._begin_write()
             if self._fields is None:
-                self._fields = [(k, self._empty(self.capacity, v)) for k, v in sorted(rows.items())]
+                stored = sorted((k, v) for k, v in rows.items() if k != TABLE)
+                self._fields = [(k, self._empty(self.capacity, v)) for k, v in stored]
             first = self._hi % self.capacity
             lo = max(self._lo, self._hi + m - self.capacity)
+            if frames is not None and self._frames is not None:
+                lo = max(lo, self._frames.evict(frames))  # rows naming frames overwritten
+                self._frames.forget(lo)
             if lo > self._lo:  # step 1: hide the rows to be overwritten, outwait their readers
                 self._lo = lo
                 self._epoch += 1
@@ -233,14 +274,21 @@ class ReplayBuffer:
                 self._cond.wait_for(lambda: self._old_readers == 0)
             events, self._gather_events = self._gather_events, []
         done = False
-        try:
-            event = self._copy(self._fields, rows, first, events)  # step 2
+        try:  # step 2: the frames (verified), then the rows
+            stream = self._stream_after(events)
+            if frames is not None and self._frames is not None:
+                differs = self._frames.write(frames)
+                if differs:
+                    raise FrameStackError(differs)
+            event = self._copy(self._stored(), rows, first, stream)
             done = True
         finally:
             with self._cond:  # step 3 (after a failed copy, the hidden rows stay hidden)
                 if done:
+                    if frames is not None and self._frames is not None:
+                        self._frames.commit(frames, self._hi)
                     self._hi += m
-                    self._written += n
+                    self._written += count
                     self._write_event = event
                 self._size = self._hi - self._lo
                 self._writing = False
@@ -253,7 +301,10 @@ class ReplayBuffer:
             batch_size: rows to draw.
 
         Returns:
-            A fresh TensorDict ``[batch_size]`` on the storage device.
+            A fresh TensorDict ``[batch_size]`` on the storage device. With
+            ``frame_stack``, its ``observation`` and ``("next", "observation")`` are
+            two views of one gather of each row's ``k + 1`` frames: they share memory
+            (clone one before writing into it).
 
         Raises:
             ValueError: the buffer is empty, or ``batch_size`` is not a positive int.
@@ -280,12 +331,13 @@ class ReplayBuffer:
                 self._cond.wait()
             offsets = torch.randint(self._hi - self._lo, (batch_size,), generator=self._generator)
             start, epoch, fields, after = self._lo, self._epoch, self._fields, self._write_event
+            frames = self._frames
             self._readers += 1
         assert fields is not None
         done = False
         try:
             positions = (offsets + start % self.capacity) % self.capacity
-            out, event = self._gather(fields, positions, after)
+            out, event = self._gather(fields, positions, after, frames)
             done = True
         finally:
             with self._cond:
@@ -360,17 +412,14 @@ class ReplayBuffer:
         """
         with self._cond:
             self._cond.wait_for(lambda: not self._writing)
-            storage = None
+            stored: dict[str, Any] = {"storage": None, "frames": None}
             if self._fields is not None:
                 if self._write_event is not None:
                     torch.cuda.current_stream(self.device).wait_event(self._write_event)
-                td = TensorDict(batch_size=[self._size])
-                for key, tensor in self._fields:
-                    td.set(key, tensor[: self._size].to("cpu", copy=True))
-                storage = td.to_dict()
+                stored = saved(self._fields, self._frames, self._size, self._hi)
             return {
                 "capacity": self.capacity,
-                "storage": storage,  # positions [0, size): all of them once the ring is full
+                **stored,  # the rows, and with frame_stack the frames
                 "cursor": self._hi % self.capacity,
                 "size": self._size,
                 "written": self._written,
@@ -401,14 +450,7 @@ class ReplayBuffer:
             >>> torch.equal(restored.sample(5)["x"], saved.sample(5)["x"])
             True
         """
-        cap, cursor, size = state["capacity"], state["cursor"], state["size"]
-        if cap != self.capacity:
-            raise ValueError(f"state is for capacity {cap}, this buffer has {self.capacity}")
-        # below capacity the ring has never wrapped, so its rows sit at [0, size)
-        if not (0 <= cursor < cap and 0 <= size <= cap and (size == cap or cursor == size)):
-            raise ValueError(f"inconsistent state: cursor {cursor}, size {size}, capacity {cap}")
-        if (state["storage"] is None) != (size == 0):
-            raise ValueError(f"inconsistent state: size {size} but storage {state['storage']!r}")
+        cursor, size = checked(state, self.capacity, self.frame_stack)
         with self._cond:
             if self._readers or self._old_readers:
                 raise CollectorError(
@@ -417,70 +459,17 @@ class ReplayBuffer:
                 )
             self._begin_write()
         try:
-            fields, event = None, None
-            if size:
-                rows = _leaves(TensorDict(state["storage"], batch_size=[size]), "state")
-                fields = [(k, self._empty(cap, v)) for k, v in sorted(rows.items())]
-                event = self._copy(fields, rows, 0, [])
+            fields, frames, event = None, None, None
+            if size:  # the frames are copied on the stream of the rows' copy
+                stream = self._stream_after([])
+                fields, rows, frames = restored(state, self.capacity, self._empty)
+                event = self._copy(fields, rows, 0, stream)
             with self._cond:
                 self._generator.set_state(state["generator"])
-                self._fields, self._write_event = fields, event
+                self._fields, self._frames, self._write_event = fields, frames, event
                 self._lo, self._hi, self._size = cursor - size, cursor, size
                 self._written, self._sampled = state["written"], state["sampled"]
         finally:
             with self._cond:
                 self._writing = False
                 self._cond.notify_all()
-
-    def _begin_write(self) -> None:
-        if self._writing:
-            raise CollectorError(
-                "ReplayBuffer has one writer: extend (or load_state_dict) is already running "
-                "in another thread"
-            )
-        self._writing = True
-
-    def _empty(self, n: int, like: torch.Tensor) -> torch.Tensor:
-        """``n`` uninitialised rows shaped like those of ``like``, in the buffer's memory."""
-        shape = (n, *like.shape[1:])
-        return torch.empty(shape, dtype=like.dtype, device=self.device, pin_memory=self.pin_memory)
-
-    @torch.no_grad()  # a batch that requires grad must not link the storage into its graph
-    def _copy(
-        self, fields: _Fields, rows: _Rows, first: int, gathers: list[torch.cuda.Event]
-    ) -> torch.cuda.Event | None:
-        """Copy ``rows`` to positions ``first, first + 1, ...`` (wrapping); on CUDA after
-        ``gathers`` and the previous write, returning this write's event."""
-        stream = None
-        if self.device.type == "cuda":
-            stream = torch.cuda.current_stream(self.device)
-            for event in [*gathers, self._write_event]:
-                if event is not None:
-                    stream.wait_event(event)
-        for key, dst in fields:
-            src = rows[key]
-            head = min(len(src), self.capacity - first)
-            dst[first : first + head].copy_(src[:head])
-            if head < len(src):  # the ring wraps: the rest goes to the front
-                dst[: len(src) - head].copy_(src[head:])
-        return None if stream is None else stream.record_event()
-
-    def _gather(
-        self, fields: _Fields, positions: torch.Tensor, after: torch.cuda.Event | None
-    ) -> tuple[TensorDict, torch.cuda.Event | None]:
-        """One ``index_select`` per field; on CUDA after ``after``, returning an event."""
-        n = len(positions)
-        stream = None
-        if self.device.type == "cuda":
-            stream = torch.cuda.current_stream(self.device)
-            positions = positions.pin_memory().to(self.device, non_blocking=True)
-            if after is not None:
-                stream.wait_event(after)  # the rows of the window drawn from are written
-        out = TensorDict(batch_size=[n], device=self.device)
-        for key, src in fields:
-            out.set(key, torch.index_select(src, 0, positions, out=self._empty(n, src)))
-        if stream is None:
-            return out, None
-        for _, src in fields:  # the allocator keeps the storage until this gather is done
-            src.record_stream(stream)
-        return out, stream.record_event()
