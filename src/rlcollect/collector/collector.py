@@ -127,6 +127,12 @@ class AsyncBatchedCollector(CollectorFacade):
             learns on this one: each round starts as soon as the batch before it is
             handed out, so batch ``k+1`` is acted by the weights before the update on
             batch ``k`` (a lag of exactly one update). 0 (default): no lag, envs wait.
+        exploration_type: what a ``TensorDictModule`` policy is called under
+            (tensordict's ``set_interaction_type``, TorchRL's ``set_exploration_type``):
+            ``"random"`` (default) samples, as TorchRL's collectors act, so a
+            ``ProbabilisticActor`` explores; ``"deterministic"``, ``"mode"`` or
+            ``"mean"`` for an evaluation collector. A plain ``nn.Module`` draws its own
+            noise: only ``"random"`` is accepted with one (``docs/policies.md``).
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -222,6 +228,7 @@ class AsyncBatchedCollector(CollectorFacade):
         on_policy: bool = False,
         info_keys: Sequence[str] = (),
         policy_lag: int = 0,
+        exploration_type: str = "random",
     ) -> None:
         super().__init__()
         self._transport: Transport | None = None

@@ -26,6 +26,7 @@ import torch
 
 from rlcollect.collector import checks
 from rlcollect.inference.backend import BACKENDS
+from rlcollect.inference.policy import exploration_type_of
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -217,6 +218,12 @@ class Options:
         0,
         "with `on_policy=True`, 1 collects the next batch while the learner learns on this one",
         check=checks.policy_lag_of,
+    )
+    exploration_type: str = _option(
+        "random",
+        'what a `TensorDictModule` policy acts under: `"random"` (samples, as TorchRL\'s '
+        'collectors), or `"deterministic"`, `"mode"`, `"mean"` for evaluation',
+        check=exploration_type_of,
     )
 
     def checked(self) -> Options:

@@ -241,7 +241,7 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
         served = served_policy(policy, args.device, own=False)
     else:
         served = served_policy(build_policy(args.policy_source), args.device, own=True)
-    runner = probe_runner(served, args.device, paths)
+    runner = probe_runner(served, args.device, paths, o.exploration_type)
     action_field, extra_fields = output_fields(
         probe_policy(runner, source.observation_space, paths), source.action_space
     )
@@ -341,4 +341,5 @@ def _inference_config(
         recurrent=probed.runner.initial_state is not None,
         store_recurrent_state=o.store_recurrent_state,
         restarts=o.max_worker_restarts > 0,
+        exploration_type=o.exploration_type,
     )

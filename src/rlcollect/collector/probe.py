@@ -183,11 +183,25 @@ def served_policy(policy: Any, device: torch.device, *, own: bool) -> torch.nn.M
 
 
 def probe_runner(
-    policy: torch.nn.Module, device: torch.device, paths: tuple[Path, ...]
+    policy: torch.nn.Module,
+    device: torch.device,
+    paths: tuple[Path, ...],
+    exploration_type: str = "random",
 ) -> PolicyRunner:
     """The runner of the served policy; a recurrent one's ``initial_state()`` is called
-    and checked here (a ``TypeError`` or ``ValueError`` naming what is wrong)."""
-    return PolicyRunner(policy, device=device, observation_paths=paths)
+    and checked here (a ``TypeError`` or ``ValueError`` naming what is wrong), and an
+    exploration type for evaluation is refused for a plain module, which would ignore it."""
+    runner = PolicyRunner(
+        policy, device=device, observation_paths=paths, exploration_type=exploration_type
+    )
+    if runner.exploration_type != "random" and not runner.tensordict_policy:
+        raise ValueError(
+            f"exploration_type={runner.exploration_type!r} sets how a TensorDictModule "
+            f"acts; this policy is a plain {type(policy).__name__}, which draws its own "
+            "noise: make its forward deterministic instead (and leave exploration_type "
+            "at 'random')"
+        )
+    return runner
 
 
 def probe_policy(
