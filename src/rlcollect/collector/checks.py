@@ -7,6 +7,7 @@ them builds an env or a policy: that is ``probe.py``'s.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import warnings
@@ -40,6 +41,7 @@ __all__ = [
     "compile_options_of",
     "device_of",
     "envs_per_worker_of",
+    "factory_takes_spaces",
     "info_keys_of",
     "is_auto",
     "make_transport",
@@ -149,6 +151,8 @@ def policy_source(
         raise TypeError(
             f"policy_factory must be a zero-argument callable, got {type(factory).__name__}"
         )
+    if factory is not None:
+        factory_takes_spaces(factory)  # takes none or two arguments, or a TypeError here
     source: Any = policy if policy is not None else factory
     if backend.needs_request_channel and not transport.supports_request_channel:
         raise ValueError(
@@ -166,6 +170,40 @@ def policy_source(
                 "inference_backend='thread'"
             ) from exc
     return source
+
+
+def factory_takes_spaces(factory: Callable[..., Any]) -> bool:
+    """True when ``policy_factory`` builds the policy from ``(observation_space,
+    action_space)``: its signature asks for two positional arguments; False when it asks
+    for none (a signature that cannot be read counts as none).
+
+    Raises:
+        TypeError: it asks for another number of arguments, or for keyword-only ones.
+    """
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is inspect.Parameter.empty
+        and (p.kind in positional or p.kind is inspect.Parameter.KEYWORD_ONLY)
+    ]
+    if not required:
+        return False
+    keyword_only = any(
+        p.kind is inspect.Parameter.KEYWORD_ONLY
+        for p in signature.parameters.values()
+        if p.name in required
+    )
+    if len(required) != 2 or keyword_only:
+        raise TypeError(
+            "policy_factory must take no argument, or two positional ones "
+            f"(observation_space, action_space); it requires {required}"
+        )
+    return True
 
 
 def throttle_of(

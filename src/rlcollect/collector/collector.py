@@ -75,7 +75,11 @@ class AsyncBatchedCollector(CollectorFacade):
             deep copy is served on ``policy_device``. With ``initial_state()`` it is
             recurrent: ``forward(observation, state) -> (outputs, new_state)``, each
             env's state kept by the server (``docs/usage.md``, *Recurrent policies*).
-        policy_factory: instead of ``policy``, a zero-argument callable that builds it.
+        policy_factory: instead of ``policy``, a callable that builds it: with no
+            argument, or, when its signature asks for two, from ``(observation_space,
+            action_space)``, one env's spaces (the collector's ``observation_space`` and
+            ``action_space``), so that no env is built only to size the network; a
+            class whose ``__init__`` takes the two spaces is one.
         frames_per_batch: transitions per yielded batch.
         total_frames: transitions in all, or -1 to collect until :meth:`shutdown`.
         transport: ``"process_slots"``, ``"thread"``, or a
@@ -204,7 +208,7 @@ class AsyncBatchedCollector(CollectorFacade):
         env_fns: Sequence[Callable[[], Any]],
         policy: torch.nn.Module | None = None,
         *,
-        policy_factory: Callable[[], torch.nn.Module] | None = None,
+        policy_factory: Callable[..., torch.nn.Module] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
         transport: Literal["thread", "process_slots"] | Transport = "process_slots",

@@ -106,8 +106,10 @@ def _max_worker_restarts(value: Any) -> Any:
 class Options:
     """Every keyword argument of the collector (all but ``env_fns`` and ``policy``)."""
 
-    policy_factory: Callable[[], torch.nn.Module] | None = _option(
-        None, "instead of `policy`, a zero-argument callable that builds it"
+    policy_factory: Callable[..., torch.nn.Module] | None = _option(
+        None,
+        "instead of `policy`, a callable that builds it: with no argument, or from "
+        "`(observation_space, action_space)` (one env's)",
     )
     frames_per_batch: int = field(
         metadata={

@@ -17,6 +17,7 @@ slot, delivery, ...) are defined once in ``docs/architecture.md``, *Terminology*
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -97,6 +98,9 @@ class _Probed(NamedTuple):
     paths: tuple[Path, ...]
     obs_fields: tuple[Field, ...]
     served: torch.nn.Module
+    #: What builds the policy elsewhere: the policy, or a zero-argument factory (one that
+    #: takes the spaces, bound to them).
+    policy_source: Any
     runner: PolicyRunner
     action_field: Field
     extra_fields: tuple[Field, ...]
@@ -154,7 +158,7 @@ def plan_collection(
         args.backend.name,
         config,
         served=probed.served,
-        policy_source=args.policy_source,
+        policy_source=probed.policy_source,
         policy_is_factory=policy is None,
     )
     return Plan(
@@ -237,10 +241,16 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
             "chunks do not hold every sub-env's last transition to end its episode at"
         )
     paths, obs_fields = observation_fields(source.observation_space)
+    policy_source = args.policy_source
     if policy is not None:
         served = served_policy(policy, args.device, own=False)
     else:
-        served = served_policy(build_policy(args.policy_source), args.device, own=True)
+        if checks.factory_takes_spaces(policy_source):
+            # Bound here, once: every process that builds the policy calls it with none.
+            policy_source = functools.partial(
+                policy_source, source.observation_space, source.action_space
+            )
+        served = served_policy(build_policy(policy_source), args.device, own=True)
     runner = probe_runner(served, args.device, paths, o.exploration_type)
     action_field, extra_fields = output_fields(
         probe_policy(runner, source.observation_space, paths), source.action_space
@@ -254,7 +264,15 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
         # The state each action was computed from: a policy output the server writes.
         extra_fields += state_fields(runner.initial_state)
     return _Probed(
-        source, info_fields, paths, obs_fields, served, runner, action_field, extra_fields
+        source,
+        info_fields,
+        paths,
+        obs_fields,
+        served,
+        policy_source,
+        runner,
+        action_field,
+        extra_fields,
     )
 
 
