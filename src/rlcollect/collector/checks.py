@@ -21,9 +21,11 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from rlcollect.errors import TrailingDimensionWarning
 from rlcollect.inference.backend import BackendChoice
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
+from rlcollect.transports.layout import Field
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
 from rlcollect.worker.source import Source
@@ -52,6 +54,7 @@ __all__ = [
     "throttle_of",
     "usable_cores",
     "warn_of_thread_oversubscription",
+    "warn_of_trailing_ones",
 ]
 
 _TRANSPORTS: dict[str, Callable[[], Transport]] = {
@@ -471,3 +474,20 @@ def claim_transport(transport: Transport) -> None:
     """Mark ``transport`` as this collector's, just before it starts, so a second
     collector given it is refused before it can touch the first one's workers."""
     _claimed[id(transport)] = transport
+
+
+def warn_of_trailing_ones(outputs: Sequence[Field]) -> None:
+    """A :class:`~rlcollect.errors.TrailingDimensionWarning` for each on-policy output
+    of one value per step held in a trailing dimension of 1 (the action excepted: its
+    shape is the action space's)."""
+    for f in outputs:
+        if f.shape == (1,):
+            name = "/".join(f.key)
+            warnings.warn(
+                f"policy output {name!r} has shape [B, 1]: on-policy batches hold it as "
+                f"[num_envs, T, 1], which broadcasts against [num_envs, T] rewards and done "
+                f"flags (a GAE of [num_envs, T, T]); return {name}.squeeze(-1) from forward, "
+                "or filter rlcollect.errors.TrailingDimensionWarning if the dimension is meant",
+                TrailingDimensionWarning,
+                stacklevel=5,
+            )

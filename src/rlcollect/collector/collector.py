@@ -131,6 +131,9 @@ class AsyncBatchedCollector(CollectorFacade):
             learns on this one: each round starts as soon as the batch before it is
             handed out, so batch ``k+1`` is acted by the weights before the update on
             batch ``k`` (a lag of exactly one update). 0 (default): no lag, envs wait.
+        time_major: with ``on_policy=True``, batches of ``[T, num_envs]``, row ``t`` step
+            ``t`` of every env (CleanRL's ``[num_steps, num_envs]``), built so rather than
+            transposed: contiguous. False (default): ``[num_envs, T]``.
         exploration_type: what a ``TensorDictModule`` policy is called under
             (tensordict's ``set_interaction_type``, TorchRL's ``set_exploration_type``):
             ``"random"`` (default) samples, as TorchRL's collectors act, so a
@@ -232,6 +235,7 @@ class AsyncBatchedCollector(CollectorFacade):
         on_policy: bool = False,
         info_keys: Sequence[str] = (),
         policy_lag: int = 0,
+        time_major: bool = False,
         exploration_type: str = "random",
     ) -> None:
         super().__init__()

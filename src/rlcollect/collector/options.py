@@ -221,6 +221,12 @@ class Options:
         "with `on_policy=True`, 1 collects the next batch while the learner learns on this one",
         check=checks.policy_lag_of,
     )
+    time_major: bool = _option(
+        False,
+        "with `on_policy=True`, batches of `[T, num_envs]` (CleanRL's layout) instead of "
+        "`[num_envs, T]`",
+        check=_flag("time_major"),
+    )
     exploration_type: str = _option(
         "random",
         'what a `TensorDictModule` policy acts under: `"random"` (samples, as TorchRL\'s '

@@ -203,6 +203,11 @@ def _check_together(
         )
     source_of_policy = checks.policy_source(policy, o.policy_factory, backend, transport)
     checks.check_policy_lag(o.policy_lag, o.on_policy)
+    if o.time_major and not o.on_policy:
+        raise ValueError(
+            "time_major=True lays out on-policy rounds as [T, num_envs]; it needs "
+            "on_policy=True (off-policy batches are rows of many envs, with no time axis)"
+        )
     if o.max_worker_restarts and not transport.supports_restart:
         raise ValueError(
             f"max_worker_restarts={o.max_worker_restarts}, but the transport "
@@ -260,6 +265,8 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
             "inference_backend='worker' serves feed-forward policies; this policy is "
             "recurrent (it has initial_state()): use inference_backend='thread' or 'process'"
         )
+    if o.on_policy and not runner.tensordict_policy:
+        checks.warn_of_trailing_ones(extra_fields)
     if runner.initial_state is not None and o.store_recurrent_state:
         # The state each action was computed from: a policy output the server writes.
         extra_fields += state_fields(runner.initial_state)
