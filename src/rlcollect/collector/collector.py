@@ -34,6 +34,7 @@ import torch
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import Pausable
 from rlcollect.collector.batches.ahead import PauseBetweenRounds, RoundAhead
+from rlcollect.collector.batches.episodes import Episode
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.facade import CollectorFacade
 from rlcollect.collector.lifecycle import Stage
@@ -346,6 +347,20 @@ class AsyncBatchedCollector(CollectorFacade):
         self._background.raise_error()
         if self._lifecycle.closed:
             raise CollectorError("the collector was shut down while an update waited")
+
+    def episodes(self) -> list[Episode]:
+        """The episodes finished since the last call, oldest first: each an
+        :class:`~rlcollect.collector.batches.episodes.Episode` (env index, return,
+        length, the frames delivered with it, the last step's ``info_keys`` entries).
+
+        Filled from every delivered batch, whether iterated or written to the replay
+        buffer in the background, and callable from any thread meanwhile: the learner
+        of ``start()`` logs finished episodes with it. Records not drained are kept up
+        to 10,000 (the oldest then dropped). After shutdown it returns what is left.
+
+        Example: ``docs/usage.md``, *Finished episodes*.
+        """
+        return self._chunks.episodes.drain()
 
     def stats(self) -> dict[str, Any]:
         """Frames, batches, throughput, driver CPU time per frame and server statistics

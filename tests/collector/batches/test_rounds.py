@@ -442,14 +442,18 @@ def test_policy_lag_one_a_dropped_collector_ends_its_next_round():
 def test_time_major_batches_are_the_rounds_transposed_and_contiguous(source, policy_lag):
     # The same seeded envs and a deterministic policy: each env's stream is the same in
     # both runs, so batch k of one is batch k of the other, transposed.
-    runs = {}
+    runs, buffers = {}, {}
     for time_major in (False, True):
+        buffers[time_major] = ListBuffer()
         with make(
             ("process_slots", "thread"), source, CountingPolicy(), policy_lag=policy_lag,
-            time_major=time_major,
+            time_major=time_major, replay_buffer=buffers[time_major],
         ) as c:  # fmt: skip
             runs[time_major] = list(c)
     assert len(runs[True]) == len(runs[False]) == 4
+    # the replay buffer gets rows env by env either way (each env's steps contiguous)
+    for rows, same in zip(buffers[False].parts, buffers[True].parts, strict=True):
+        assert (rows == same).all()
     for rows, steps in zip(runs[False], runs[True], strict=True):
         num_envs, t = rows.batch_size
         assert steps.batch_size == (t, num_envs)

@@ -81,6 +81,10 @@ class RolloutBuilder(ChunkBuilder):
         """True once every batch of ``total_frames`` has been built."""
         return self._remaining == 0
 
+    @property
+    def time_major(self) -> bool:
+        return self._time_major
+
     def add_chunk(self, worker: int, slot: int) -> list[tuple[int, int]]:
         """Copy worker ``worker``'s round (slot ``slot``) into its rows of the batch."""
         t, k = self._steps, self._k
