@@ -56,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     # "process": inference in a process of its own, out of reach of the learner's GIL
     p.add_argument("--inference-backend", choices=["thread", "process"], default="thread")
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between reports")
-    p.add_argument("--out", type=Path, default=Path("examples/results"))
+    p.add_argument("--out", type=Path, default=Path("runs"), help="where results go")
     return p.parse_args()
 
 
