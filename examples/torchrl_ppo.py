@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
 make_env = functools.partial(gym.make, "CartPole-v1")
 
 
-# [start:modules]
+# --8<-- [start:modules]
 def mlp(out: int) -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Linear(4, 64), torch.nn.Tanh(),
@@ -100,7 +100,7 @@ def build(args: argparse.Namespace) -> tuple[Any, ...]:
     return actor, critic, advantage, loss_fn
 
 
-# [end:modules]
+# --8<-- [end:modules]
 
 
 def train(seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def train(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     iterations = args.frames // frames_per_batch
     curve: list[tuple[int, float]] = []  # (frames delivered, return) per finished episode
     start = time.perf_counter()
-    # [start:loop]
+    # --8<-- [start:loop]
     with AsyncBatchedCollector(
         [make_env] * args.num_envs,
         actor,  # a deep copy is served; it samples (exploration_type="random")
@@ -140,7 +140,7 @@ def train(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                     optimizer.step()
             collector.update_policy_weights_(actor)  # the next batch acts with these
             curve += [(e.frames, e.episode_return) for e in collector.episodes()]
-    # [end:loop]
+    # --8<-- [end:loop]
     seconds = time.perf_counter() - start
     returns = [r for _, r in curve]
     return {
@@ -157,7 +157,7 @@ def train(seed: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def evaluate(actor: torch.nn.Module, args: argparse.Namespace, seed: int) -> list[float]:
     """Episodes of the final weights, acting by the argmax: an evaluation collector."""
-    # [start:evaluate]
+    # --8<-- [start:evaluate]
     finished: list[float] = []
     with AsyncBatchedCollector(
         [make_env] * args.eval_episodes,
@@ -172,7 +172,7 @@ def evaluate(actor: torch.nn.Module, args: argparse.Namespace, seed: int) -> lis
             finished += [e.episode_return for e in collector.episodes() if e.episode == 0]
             if len(finished) >= args.eval_episodes:
                 break
-    # [end:evaluate]
+    # --8<-- [end:evaluate]
     return finished[: args.eval_episodes]
 
 

@@ -6,6 +6,7 @@ import torch
 from envs import cartpole
 from helpers import biased_actor, sampled_share
 from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn.probabilistic import interaction_type
 from torchrl.data import Categorical
 from torchrl.envs.utils import ExplorationType
 from torchrl.modules import EGreedyModule
@@ -112,3 +113,36 @@ def test_an_unknown_type_is_named():
             transport="thread",
             exploration_type="greedy",
         )
+
+
+def test_collectors_of_one_process_keep_their_own_types():
+    # tensordict's interaction type is one setting per process: two server threads (a
+    # training and an evaluation collector) and worker threads serving the policy each
+    # set it around their calls, which must not run under one another's type, nor leave
+    # the setting changed.
+    def collector(kind, backend):
+        return AsyncBatchedCollector(
+            [cartpole] * 4,
+            biased_actor(),
+            frames_per_batch=100,
+            total_frames=1000,
+            transport="thread",
+            policy_device="cpu",
+            inference_backend=backend,
+            exploration_type=kind,
+        )
+
+    runs = {("random", "thread"): [], ("deterministic", "thread"): [],
+            ("deterministic", "worker"): []}  # fmt: skip
+    collectors = {key: collector(*key) for key in runs}
+    try:
+        for _ in range(10):  # interleaved: every server and worker thread runs meanwhile
+            for key, c in collectors.items():
+                runs[key].append(next(c)["action"])
+    finally:
+        for c in collectors.values():
+            c.shutdown()
+    share = {key: sampled_share(torch.cat(actions)) for key, actions in runs.items()}
+    assert 0.15 < share["random", "thread"] < 0.4, share
+    assert share["deterministic", "thread"] == share["deterministic", "worker"] == 0.0, share
+    assert interaction_type() is None

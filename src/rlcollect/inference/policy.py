@@ -19,12 +19,14 @@ actions and an exploration module (``EGreedyModule``, ``AdditiveGaussianModule``
 its noise; ``"deterministic"``, ``"mode"`` or ``"mean"`` for evaluation. The type is
 set around the module's call inside :meth:`PolicyRunner.call`, the function the action
 steps compile and capture, so it is in force whichever backend serves the policy and
-while a CUDA graph is captured. A plain ``nn.Module`` is called as it is: it draws its
+while a CUDA graph is captured; eager calls of this process take turns (the setting is
+the process's, see ``_INTERACTION_LOCK``). A plain ``nn.Module`` is called as it is: it draws its
 own noise.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -122,6 +124,14 @@ class PolicyRunner:
         #: One env's initial state by leaf, on ``device``; None for a feed-forward policy.
         self.initial_state: Leaves | None = initial_state_of(policy, device)
 
+    def _call_module(self, td: TensorDictBase) -> Any:
+        """The ``TensorDictModule`` on ``td``, under this runner's exploration type."""
+        if torch.compiler.is_compiling():
+            with set_interaction_type(self._interaction):
+                return self.policy(td)
+        with _INTERACTION_LOCK, set_interaction_type(self._interaction):
+            return self.policy(td)
+
     @property
     def recurrent(self) -> bool:
         """True for a policy with ``initial_state()``."""
@@ -157,8 +167,7 @@ class PolicyRunner:
                 batch_size=[batch],
                 device=self.device,
             )
-            with set_interaction_type(self._interaction):
-                out = self.policy(td)
+            out = self._call_module(td)
             return _outputs_of_tensordict(out if out is not None else td, batch)
         if self._dict_obs:
             arg: Any = TensorDict(dict(tensors), batch_size=[batch], device=self.device)
@@ -190,8 +199,7 @@ class PolicyRunner:
             for path, value in state.items():
                 td.set((STATE_KEY, *path), value)
             td.set(IS_INIT_KEY, is_init)
-            with set_interaction_type(self._interaction):
-                result = self.policy(td)
+            result = self._call_module(td)
             result = result if result is not None else td
             nxt = (("next", STATE_KEY, *path) for path in self.initial_state)
             if any(key not in result.keys(include_nested=True) for key in nxt):
@@ -223,6 +231,16 @@ class PolicyRunner:
                     "recurrent policies; rename that output"
                 )
         return outputs, new
+
+
+# tensordict keeps the interaction type in one setting per process: two threads of this
+# process serving TensorDictModules (in-worker policies on worker threads, two
+# collectors' servers) would each set and restore it around the other's call, and a
+# call could run under the other's type or none, with the setting left changed after
+# both. Held around every eager call, this lock keeps those calls apart. Compiled code and
+# CUDA graphs read the type once, when traced or captured (inside the same call), so a
+# compiled call takes no lock (dynamo would break its graph at one).
+_INTERACTION_LOCK = threading.Lock()
 
 
 def exploration_type_of(value: Any) -> str:
