@@ -160,22 +160,32 @@ def test_finished_episodes_of_on_policy_rounds(time_major):
 def test_undrained_records_past_the_bound_are_dropped_oldest_first(monkeypatch):
     monkeypatch.setattr(episodes, "KEPT", 3)
     stats = EpisodeStats()
-    n = 5
-    batch = TensorDict(
-        {
-            ("next", "done"): torch.tensor([True, False, True, True, True]),
-            ("next", "episode_return"): torch.arange(n, dtype=torch.float32),
-            ("next", "episode_length"): torch.arange(n),
-            ("next", "terminated"): torch.tensor([True, False, False, True, True]),
-            ("next", "info", "lives"): torch.arange(n),
-            "env_index": torch.arange(n),
-            "episode": torch.zeros(n, dtype=torch.int64),
-        },
-        batch_size=[n],
-    )
-    stats.record(batch, frames=5)
+
+    def batch(first, done, terminated):
+        n = len(done)
+        return TensorDict(
+            {
+                ("next", "done"): torch.tensor(done),
+                ("next", "episode_return"): torch.arange(n, dtype=torch.float32),
+                ("next", "episode_length"): torch.arange(n),
+                ("next", "terminated"): torch.tensor(terminated),
+                ("next", "info", "lives"): torch.arange(n),
+                "env_index": torch.arange(first, first + n),
+                "episode": torch.zeros(n, dtype=torch.int64),
+            },
+            batch_size=[n],
+        )
+
+    # the latest batch's records are kept whole, even past the bound
+    stats.record(batch(0, [True, False, True, True, True], [True, False, False, True, True]), 5)
     kept = stats.drain()
-    assert [r.env_index for r in kept] == [2, 3, 4] and stats.dropped == 1
-    assert [r.terminated for r in kept] == [False, True, True]
-    assert kept[0].info == {"lives": 2} and kept[0].frames == 5
-    assert stats.count == 4 and stats.drain() == []
+    assert [r.env_index for r in kept] == [0, 2, 3, 4] and stats.dropped == 0
+    assert [r.terminated for r in kept] == [True, False, True, True]
+    assert kept[1].info == {"lives": 2} and kept[1].frames == 5
+    # undrained, the oldest batch's go once a later batch's are in
+    stats.record(batch(10, [True, True], [True, True]), 7)
+    stats.record(batch(20, [True, True], [True, True]), 9)
+    kept = stats.drain()
+    assert [r.env_index for r in kept] == [20, 21] and stats.dropped == 2
+    assert [r.frames for r in kept] == [9, 9]
+    assert stats.count == 8 and stats.drain() == []

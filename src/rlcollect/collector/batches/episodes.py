@@ -12,13 +12,16 @@ Each finished episode is also kept as an :class:`Episode` record (its env, retur
 length, the frames delivered with it, and the last step's ``info_keys`` entries) in a
 bounded queue, which the caller drains from any thread while collection runs in the
 background: gymnasium's ``RecordEpisodeStatistics`` habit, without a wrapper in the env
-or a subclass of the replay buffer. The batch's own thread appends, the caller's pops:
-each is one atomic ``deque`` operation, so the two need no lock. Past :data:`KEPT`
-undrained records the oldest are dropped (``dropped`` counts them).
+or a subclass of the replay buffer. The batch's own thread keeps each batch's finished
+episodes as a few columns; the caller's ``drain`` turns them into records, so the
+consuming thread builds no Python object per episode. Past :data:`KEPT` undrained
+records the oldest are dropped, a batch's at a time (the latest batch's are always kept;
+``dropped`` counts them).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,63 +79,69 @@ class EpisodeStats:
         self.dropped = 0  # records pushed out of a full queue, never drained
         self._returns: deque[float] = deque(maxlen=WINDOW)
         self._lengths: deque[int] = deque(maxlen=WINDOW)
-        self._records: deque[Episode] = deque()
+        # Each batch's finished episodes as columns (its frames, then tensors of one row
+        # per episode), turned into Episode records only when drained: the consuming
+        # thread pays a few gathers per batch, the caller of drain() the records. The
+        # lock keeps _held (records in _pending) right between the two threads.
+        self._pending: deque[tuple[int, dict[str, np.ndarray]]] = deque()
+        self._held = 0
+        self._lock = threading.Lock()
 
     def record(self, batch: TensorDict, frames: int = 0) -> None:
         """Count the episodes that end in ``batch`` (any batch shape), delivered with
         ``frames`` transitions in all, and keep their records."""
-        done = batch.get(("next", "done")).reshape(-1)
-        if not bool(done.any()):
+        # numpy on the batch's (CPU) tensors, and no nested-key lookups: a few
+        # microseconds each, where torch indexing and TensorDict's nested get cost tens
+        nxt = batch.get("next")
+        done = nxt.get("done").numpy().reshape(-1)
+        if not done.any():
             return
-        rows = done.nonzero().squeeze(-1)
+        rows = done.nonzero()[0]
 
-        def column(key: Any) -> Any:
-            value = batch.get(key)
-            return value.reshape(done.shape[0], *value.shape[batch.ndim :])[rows]
+        def column(td: Any, key: str) -> np.ndarray:
+            value: np.ndarray = td.get(key).numpy()
+            picked: np.ndarray = value.reshape(done.shape[0], *value.shape[batch.ndim :])[rows]
+            return picked
 
-        returns = column(("next", "episode_return")).tolist()
-        lengths = column(("next", "episode_length")).tolist()
+        columns = {name: column(nxt if name in _NEXT else batch, name) for name in _COLUMNS}
+        if "info" in nxt.keys():  # noqa: SIM118 (a TensorDict)
+            info = nxt.get("info")
+            for name in info.keys():  # noqa: SIM118
+                columns[f"info/{name}"] = column(info, name)
+        returns = columns["episode_return"].tolist()
         self.count += len(returns)
         self._returns.extend(returns)
-        self._lengths.extend(lengths)
-        infos = {}
-        if ("next", "info") in batch.keys(include_nested=True):
-            infos = {
-                str(name): column(("next", "info", name)).numpy()
-                for name in batch.get(("next", "info")).keys()  # noqa: SIM118 (a TensorDict)
-            }
-        envs, episodes = column("env_index").tolist(), column("episode").tolist()
-        terminated = column(("next", "terminated")).tolist()
-        for i in range(len(returns)):
-            self._keep(
-                Episode(
-                    env_index=envs[i],
-                    episode=episodes[i],
-                    episode_return=float(returns[i]),
-                    episode_length=int(lengths[i]),
-                    frames=frames,
-                    terminated=bool(terminated[i]),
-                    info={name: _python(values[i]) for name, values in infos.items()},
-                )
-            )
-
-    def _keep(self, record: Episode) -> None:
-        self._records.append(record)
-        if len(self._records) > KEPT:
-            try:
-                self._records.popleft()
-                self.dropped += 1
-            except IndexError:  # drained meanwhile by the caller
-                pass
+        self._lengths.extend(columns["episode_length"].tolist())
+        with self._lock:
+            self._pending.append((frames, columns))
+            self._held += len(returns)
+            while self._held > KEPT and len(self._pending) > 1:
+                _, oldest = self._pending.popleft()  # a batch's records at a time, oldest
+                self._held -= len(oldest["env_index"])
+                self.dropped += len(oldest["env_index"])
 
     def drain(self) -> list[Episode]:
         """The records kept so far, oldest first; they are gone from the queue."""
+        with self._lock:
+            pending, self._pending = self._pending, deque()
+            self._held = 0
         out = []
-        while True:
-            try:
-                out.append(self._records.popleft())
-            except IndexError:
-                return out
+        for frames, columns in pending:
+            values = {name: column.tolist() for name, column in columns.items()}
+            infos = {name[5:]: columns[name] for name in columns if name[:5] == "info/"}
+            for i in range(len(values["env_index"])):
+                out.append(
+                    Episode(
+                        env_index=values["env_index"][i],
+                        episode=values["episode"][i],
+                        episode_return=float(values["episode_return"][i]),
+                        episode_length=int(values["episode_length"][i]),
+                        frames=frames,
+                        terminated=bool(values["terminated"][i]),
+                        info={name: _python(array[i]) for name, array in infos.items()},
+                    )
+                )
+        return out
 
     def stats(self) -> dict[str, Any]:
         """``count``, ``return_mean`` and ``length_mean`` (None before the first end)."""
@@ -142,6 +151,11 @@ class EpisodeStats:
             "return_mean": sum(self._returns) / n if n else None,
             "length_mean": sum(self._lengths) / n if n else None,
         }
+
+
+#: A record's fields read from the batch, those of them under ``"next"``.
+_COLUMNS = ("env_index", "episode", "episode_return", "episode_length", "terminated")
+_NEXT = frozenset({"episode_return", "episode_length", "terminated"})
 
 
 def _python(value: np.ndarray) -> Any:
