@@ -11,7 +11,7 @@ import torch
 from envs import cartpole
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.collector.checks import factory_takes_spaces
+from rlcollect.collector.probe import factory_takes_spaces
 
 
 class Agent(torch.nn.Module):

@@ -7,7 +7,6 @@ them builds an env or a policy: that is ``probe.py``'s.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import warnings
@@ -21,11 +20,10 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from rlcollect.errors import TrailingDimensionWarning
+from rlcollect.collector.probe import factory_takes_spaces
 from rlcollect.inference.backend import BackendChoice
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
-from rlcollect.transports.layout import Field
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
 from rlcollect.worker.source import Source
@@ -43,7 +41,6 @@ __all__ = [
     "compile_options_of",
     "device_of",
     "envs_per_worker_of",
-    "factory_takes_spaces",
     "info_keys_of",
     "is_auto",
     "make_transport",
@@ -54,7 +51,6 @@ __all__ = [
     "throttle_of",
     "usable_cores",
     "warn_of_thread_oversubscription",
-    "warn_of_trailing_ones",
 ]
 
 _TRANSPORTS: dict[str, Callable[[], Transport]] = {
@@ -173,40 +169,6 @@ def policy_source(
                 "inference_backend='thread'"
             ) from exc
     return source
-
-
-def factory_takes_spaces(factory: Callable[..., Any]) -> bool:
-    """True when ``policy_factory`` builds the policy from ``(observation_space,
-    action_space)``: its signature asks for two positional arguments; False when it asks
-    for none (a signature that cannot be read counts as none).
-
-    Raises:
-        TypeError: it asks for another number of arguments, or for keyword-only ones.
-    """
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    required = [
-        p.name
-        for p in signature.parameters.values()
-        if p.default is inspect.Parameter.empty
-        and (p.kind in positional or p.kind is inspect.Parameter.KEYWORD_ONLY)
-    ]
-    if not required:
-        return False
-    keyword_only = any(
-        p.kind is inspect.Parameter.KEYWORD_ONLY
-        for p in signature.parameters.values()
-        if p.name in required
-    )
-    if len(required) != 2 or keyword_only:
-        raise TypeError(
-            "policy_factory must take no argument, or two positional ones "
-            f"(observation_space, action_space); it requires {required}"
-        )
-    return True
 
 
 def throttle_of(
@@ -474,20 +436,3 @@ def claim_transport(transport: Transport) -> None:
     """Mark ``transport`` as this collector's, just before it starts, so a second
     collector given it is refused before it can touch the first one's workers."""
     _claimed[id(transport)] = transport
-
-
-def warn_of_trailing_ones(outputs: Sequence[Field]) -> None:
-    """A :class:`~rlcollect.errors.TrailingDimensionWarning` for each on-policy output
-    of one value per step held in a trailing dimension of 1 (the action excepted: its
-    shape is the action space's)."""
-    for f in outputs:
-        if f.shape == (1,):
-            name = "/".join(f.key)
-            warnings.warn(
-                f"policy output {name!r} has shape [B, 1]: on-policy batches hold it as "
-                f"[num_envs, T, 1], which broadcasts against [num_envs, T] rewards and done "
-                f"flags (a GAE of [num_envs, T, T]); return {name}.squeeze(-1) from forward, "
-                "or filter rlcollect.errors.TrailingDimensionWarning if the dimension is meant",
-                TrailingDimensionWarning,
-                stacklevel=5,
-            )

@@ -30,11 +30,13 @@ from rlcollect.collector.batches.delivery import Delivery, choose_delivery
 from rlcollect.collector.options import Options
 from rlcollect.collector.probe import (
     build_policy,
+    factory_takes_spaces,
     observation_fields,
     probe_env,
     probe_policy,
     probe_runner,
     served_policy,
+    warn_of_trailing_ones,
 )
 from rlcollect.inference.backend import BackendChoice, backend_kind, choose_backend
 from rlcollect.inference.config import InferenceConfig, WeightsLayout
@@ -250,7 +252,7 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
     if policy is not None:
         served = served_policy(policy, args.device, own=False)
     else:
-        if checks.factory_takes_spaces(policy_source):
+        if factory_takes_spaces(policy_source):
             # Bound here, once: every process that builds the policy calls it with none.
             policy_source = functools.partial(
                 policy_source, source.observation_space, source.action_space
@@ -266,7 +268,7 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
             "recurrent (it has initial_state()): use inference_backend='thread' or 'process'"
         )
     if o.on_policy and not runner.tensordict_policy:
-        checks.warn_of_trailing_ones(extra_fields)
+        warn_of_trailing_ones(extra_fields)
     if runner.initial_state is not None and o.store_recurrent_state:
         # The state each action was computed from: a policy output the server writes.
         extra_fields += state_fields(runner.initial_state)
