@@ -63,9 +63,10 @@ class AsyncBatchedCollector(CollectorFacade):
     ``("next", "observation" | "reward" | "terminated" | "truncated" | "done" |
     "episode_return" | "episode_length")``. Rows of one batch come from many envs; sort
     by ``(env_index, episode, step)`` to read one env's stream. With ``on_policy=True``
-    a batch is ``[num_envs, T]`` instead: row ``e`` is env ``e``'s next ``T`` steps, all
-    computed with the weights current when the batch was asked for. Every argument, in
-    detail: ``docs/usage.md``.
+    a batch is ``[num_envs, T]`` instead (``[T, num_envs]`` with ``time_major=True``):
+    row ``e`` is env ``e``'s next ``T`` steps, all computed with the weights current when
+    the batch was asked for. :meth:`episodes` lists the episodes that finished. Every
+    argument, in detail: ``docs/usage.md``.
 
     Args:
         env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
