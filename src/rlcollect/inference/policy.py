@@ -20,8 +20,8 @@ its noise; ``"deterministic"``, ``"mode"`` or ``"mean"`` for evaluation. The typ
 set around the module's call inside :meth:`PolicyRunner.call`, the function the action
 steps compile and capture, so it is in force whichever backend serves the policy and
 while a CUDA graph is captured; eager calls of this process take turns (the setting is
-the process's, see ``_INTERACTION_LOCK``). A plain ``nn.Module`` is called as it is: it draws its
-own noise.
+the process's, see ``_INTERACTION_LOCK``). A plain ``nn.Module`` is called as it is: it
+draws its own noise.
 """
 
 from __future__ import annotations
