@@ -62,7 +62,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--frames-per-batch", type=int, default=256)
     p.add_argument("--transport", choices=["thread", "process_slots"], default="process_slots")
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between reports")
-    p.add_argument("--out", type=Path, default=Path("examples/results"))
+    p.add_argument("--out", type=Path, default=Path("runs"), help="where results go")
     return p.parse_args()
 
 

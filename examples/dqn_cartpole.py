@@ -3,10 +3,14 @@
 The collector steps the envs in worker processes and writes every transition into a
 replay buffer from a background thread; this script is only the learner: it samples,
 takes Double DQN gradient steps, copies the target network now and then, and pushes its
-weights (with the current exploration rate) back to the collector. ``train_ratio`` ties the two
-together both ways: collection waits whenever it would get ahead of the learner, and the
-learner (``wait_to_sample``) whenever it would get ahead of collection, so the number of
-updates per env step is the same on a fast machine and a slow one.
+weights (with the current exploration rate, a buffer of the acting policy) back to the
+collector. ``train_ratio`` ties the two together both ways: collection waits whenever it
+would get ahead of the learner, and the learner (``wait_to_sample``) whenever it would get
+ahead of collection, so the number of updates per env step is the same on a fast machine
+and a slow one. The networks are sized from the env's spaces (``policy_factory`` takes
+them; the learner's copy is built from ``collector.observation_space`` and
+``action_space``), and finished episodes come from ``collector.episodes()``, which reads
+each episode's ``("next", "episode_return")`` at its last step.
 
     python examples/dqn_cartpole.py                 # 100k env steps, learning curve PNG
     python examples/dqn_cartpole.py --steps 3000    # a quick smoke run
@@ -24,7 +28,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tensordict import TensorDict
 
 from rlcollect import AsyncBatchedCollector, ReplayBuffer
 
@@ -53,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--push-every", type=int, default=10, help="updates between weight pushes")
     # a 256x256 MLP on 128 rows gains nothing from more threads; leave the cores to the envs
     p.add_argument("--torch-threads", type=int, default=1)
-    p.add_argument("--out", type=Path, default=Path("examples/results"))
+    p.add_argument("--out", type=Path, default=Path("runs"), help="JSON and curve (PNG)")
     return p.parse_args()
 
 
@@ -62,14 +65,14 @@ def make_env() -> gym.Env:
 
 
 class QNetwork(torch.nn.Module):
-    def __init__(self, obs_dim: int, num_actions: int) -> None:
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(obs_dim, 256),
+            torch.nn.Linear(observation_space.shape[0], 256),
             torch.nn.ReLU(),
             torch.nn.Linear(256, 256),
             torch.nn.ReLU(),
-            torch.nn.Linear(256, num_actions),
+            torch.nn.Linear(256, action_space.n),
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -82,10 +85,10 @@ class EpsilonGreedy(torch.nn.Module):
     ``epsilon`` is a buffer, so it travels with the weights the learner pushes.
     """
 
-    def __init__(self, q: QNetwork, num_actions: int) -> None:
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space) -> None:
         super().__init__()
-        self.q = q
-        self.num_actions = num_actions
+        self.q = QNetwork(observation_space, action_space)
+        self.num_actions = action_space.n
         self.register_buffer("epsilon", torch.ones(()))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -95,44 +98,14 @@ class EpsilonGreedy(torch.nn.Module):
         return torch.where(explore, random, greedy)
 
 
-class EpisodeLog(ReplayBuffer):
-    """The replay buffer, also adding up each env's rewards to log finished episodes."""
-
-    def __init__(self, capacity: int, num_envs: int) -> None:
-        super().__init__(capacity)
-        self.running = np.zeros(num_envs)
-        self.finished: list[tuple[int, float]] = []  # (env steps so far, return)
-
-    def extend(self, data: TensorDict) -> None:
-        super().extend(data)
-        envs = data["env_index"].tolist()
-        rewards = data[("next", "reward")].tolist()
-        dones = data[("next", "done")].tolist()
-        for i, (env, reward, done) in enumerate(zip(envs, rewards, dones, strict=True)):
-            self.running[env] += reward
-            if done:
-                self.finished.append((self.written - len(envs) + i + 1, self.running[env]))
-                self.running[env] = 0.0
-
-
 def main() -> None:
     args = parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)
-    probe = make_env()
-    obs_dim, num_actions = probe.observation_space.shape[0], probe.action_space.n
-    probe.close()
-
-    q = QNetwork(obs_dim, num_actions)
-    target = QNetwork(obs_dim, num_actions)
-    target.load_state_dict(q.state_dict())
-    acting = EpsilonGreedy(q, num_actions)
-    optimizer = torch.optim.Adam(q.parameters(), lr=args.lr)
-    rb = EpisodeLog(args.buffer_size, args.envs)
-
+    rb = ReplayBuffer(args.buffer_size)
     collector = AsyncBatchedCollector(
         [make_env] * args.envs,
-        acting,
+        policy_factory=EpsilonGreedy,  # EpsilonGreedy(observation_space, action_space)
         frames_per_batch=64,
         total_frames=args.steps,
         policy_device="cpu",
@@ -141,6 +114,14 @@ def main() -> None:
         learning_starts=args.learning_starts,
         seed=args.seed,
     )
+    # the learner's networks, from the collector's spaces; pushed before the first step
+    acting = EpsilonGreedy(collector.observation_space, collector.action_space)
+    q = acting.q
+    target = QNetwork(collector.observation_space, collector.action_space)
+    target.load_state_dict(q.state_dict())
+    optimizer = torch.optim.Adam(q.parameters(), lr=args.lr)
+    collector.update_policy_weights_(acting)
+    finished: list[tuple[int, float]] = []  # (frames delivered, return) per episode
     start = time.perf_counter()
     updates = 0
     reached: int | None = None
@@ -184,23 +165,25 @@ def main() -> None:
                 collector.update_policy_weights_(acting)
 
             # progress: returns of the episodes finished since the last look
-            for steps, ret in rb.finished[logged:]:
-                recent.append(ret)
+            for episode in collector.episodes():
+                finished.append((episode.frames, episode.episode_return))
+                recent.append(episode.episode_return)
                 if reached is None and len(recent) == 20 and np.mean(recent) >= 450:
-                    reached = steps
-            if len(rb.finished) // 50 > logged // 50:
+                    reached = episode.frames
+            if len(finished) // 50 > logged // 50:
                 print(
-                    f"steps {rb.written:7d}  episodes {len(rb.finished):4d}  "
+                    f"steps {rb.written:7d}  episodes {len(finished):4d}  "
                     f"mean return (last 20) {np.mean(recent):6.1f}  updates {updates}  "
                     f"epsilon {float(acting.epsilon):.3f}",
                     flush=True,
                 )
-            logged = len(rb.finished)
+            logged = len(finished)
         collector.join(timeout=60.0)  # raises the background error, if collection failed
+        finished += [(e.frames, e.episode_return) for e in collector.episodes()]
         stats = collector.stats()
     seconds = time.perf_counter() - start
 
-    returns = [r for _, r in rb.finished]
+    returns = [r for _, r in finished]
     final = float(np.mean(returns[-20:])) if returns else 0.0
     summary = {
         "env_steps": rb.written,
@@ -217,7 +200,7 @@ def main() -> None:
     print(json.dumps(summary, indent=2))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dqn_cartpole.json").write_text(
-        json.dumps({**summary, "curve": rb.finished}, indent=1)
+        json.dumps({**summary, "curve": finished}, indent=1)
     )
     try:
         import matplotlib
@@ -227,7 +210,7 @@ def main() -> None:
     except ImportError:
         print("matplotlib is not installed: no learning-curve PNG")
         return
-    steps, rets = zip(*rb.finished, strict=True) if rb.finished else ((), ())
+    steps, rets = zip(*finished, strict=True) if finished else ((), ())
     smooth = [np.mean(rets[max(0, i - 19) : i + 1]) for i in range(len(rets))]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, rets, ".", alpha=0.3, label="episode return")

@@ -51,7 +51,7 @@ per env step of the recipe (not measured here). The learning rate anneals over
 ``--total-timesteps`` (10M, CleanRL's Atari budget), so it is still high when
 ``--max-seconds`` (480 s from process start) ends the run.
 
-Output (``--out``, default ``examples/results/``): ``ppo_atari_<envs>_<loop>_seed<N>.json``
+Output (``--out``, default ``runs/``): ``ppo_atari_<envs>_<loop>_seed<N>.json``
 (config; every episode's return, env step and wall time; every update's losses, KL and
 policy lag; a summary with the time and env step at which the mean of the last 20
 returns first reached ``--target-return``) and a PNG of the returns against wall time
@@ -63,7 +63,7 @@ and against env steps. ``--plot A.json B.json`` draws runs already made into one
     python examples/ppo_atari.py --envs gym --loop sync   # Python envs in processes
     python examples/ppo_atari.py --num-envs 2 --num-steps 16 --total-timesteps 64 \\
         --num-minibatches 2 --update-epochs 1             # a CPU smoke run
-    python examples/ppo_atari.py --plot examples/results/ppo_atari_ale_*.json
+    python examples/ppo_atari.py --plot runs/ppo_atari_ale_*.json
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--worker-splits", type=int, default=None, help="gym + rlcollect")
     p.add_argument("--device", default=None, help="default: cuda where available, else cpu")
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between reports")
-    p.add_argument("--out", type=Path, default=Path("examples/results"))
+    p.add_argument("--out", type=Path, default=Path("runs"), help="where results go")
     p.add_argument(
         "--plot",
         type=Path,

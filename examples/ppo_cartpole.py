@@ -78,7 +78,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="rlcollect: collect the next rollout while the learner learns (a lag of one update)",
     )
-    p.add_argument("--out", type=Path, default=Path("examples/results"))
+    p.add_argument("--out", type=Path, default=Path("runs"), help="where results go")
     args = p.parse_args()
     if args.overlap and "rlcollect" not in args.loop:
         p.error("--overlap is a way of running the collector: it needs --loop rlcollect")

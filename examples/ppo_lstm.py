@@ -10,11 +10,10 @@ action was computed from (``recurrent_state``) and whether it started an episode
 (``is_init``). The learner never replays a rollout from its beginning: each training
 sequence starts from the state stored in its first transition.
 
-One worker steps all envs, and a batch is exactly one chunk of ``--rollout`` steps of
-each env, so sorting a batch's rows by env gives ``[envs, rollout]`` in step order.
-Collection runs ahead while the learner updates, so a batch may be partly acted by the
-previous weights: PPO's ratio uses the log-probability stored with each action, which
-is the behaviour policy's whatever its version.
+The rollouts are on-policy (``on_policy=True``): each batch is ``[envs, rollout]``, row
+``e`` env ``e``'s next ``--rollout`` steps in order, every action computed with the
+weights pushed after the previous update (the envs wait while the learner learns), so
+PPO's ratio starts at 1. Finished episodes come from ``collector.episodes()``.
 
     python examples/ppo_lstm.py                    # the LSTM policy, 500k env steps
     python examples/ppo_lstm.py --feed-forward     # the control: the same net, no memory
@@ -60,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-grad-norm", type=float, default=0.5)
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", type=Path, default=Path("examples/results"))
+    p.add_argument("--out", type=Path, default=Path("runs"), help="JSON and curves (PNG)")
     return p.parse_args()
 
 
@@ -155,14 +154,6 @@ def act(agent: nn.Module, features: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------- one update
-
-
-def rollout_of(batch: TensorDict, envs: int, steps: int) -> TensorDict:
-    """A batch's rows as ``[envs, steps]``, each env's in step order."""
-    order = torch.argsort(batch["env_index"], stable=True)  # a chunk's rows are step-major
-    rollout = batch[order].reshape(envs, steps)
-    assert bool((rollout["env_index"] == torch.arange(envs)[:, None]).all()), "uneven rollout"
-    return rollout
 
 
 def bootstrap_values(agent: nn.Module, rollout: TensorDict, recurrent: bool) -> torch.Tensor:
@@ -300,12 +291,10 @@ def main() -> None:
         agent,
         frames_per_batch=frames,
         total_frames=updates * frames,
-        envs_per_worker=args.envs,  # one worker: a batch is one chunk of every env
-        transition_chunk_size=frames,
         policy_device="cpu",
+        on_policy=True,  # [envs, rollout] batches, acted by the latest weights
         seed=args.seed,
     )
-    running = np.zeros(args.envs)
     curve: list[tuple[int, float]] = []  # (env steps so far, return) per finished episode
     start = time.perf_counter()
     steps = 0
@@ -314,20 +303,10 @@ def main() -> None:
             # learning rate: linear from --lr to 0 over the run
             for group in optimizer.param_groups:
                 group["lr"] = args.lr * (1 - update / updates)
-            # episodes finished in this batch, in row order (a batch is step-major)
-            for env, reward, done in zip(
-                batch["env_index"].tolist(),
-                batch["next", "reward"].tolist(),
-                batch["next", "done"].tolist(),
-                strict=True,
-            ):
-                running[env] += reward
-                if done:
-                    curve.append((steps, float(running[env])))
-                    running[env] = 0.0
-            steps += batch.shape[0]
+            steps += batch.numel()
+            curve += [(e.frames, e.episode_return) for e in collector.episodes()]
 
-            rollout = rollout_of(batch, args.envs, args.rollout)
+            rollout = batch  # [envs, rollout], each env's row in step order
             boot = bootstrap_values(agent, rollout, recurrent)
             adv = advantages(rollout, boot, args.gamma, args.gae_lambda, args.reward_scale)
             stats = ppo_update(agent, optimizer, rollout, adv, args, recurrent)

@@ -564,3 +564,27 @@ def lowest_niceness_allowed(lowest: int) -> int:
     thread.start()
     thread.join(timeout=10)
     return found[0]
+
+
+def biased_actor() -> torch.nn.Module:
+    """A TorchRL ``ProbabilisticActor`` over CartPole observations with logits (0, 1)
+    whatever the observation: action 1 is the argmax, and a sampled action is 0 with
+    probability 1 / (1 + e) ~ 0.27. It writes ``action`` and ``action_log_prob``."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor
+
+    net = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        net.weight.zero_()
+        net.bias.copy_(torch.tensor([0.0, 1.0]))
+    return ProbabilisticActor(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+
+
+def sampled_share(actions: torch.Tensor) -> float:
+    """The share of ``biased_actor``'s actions that are not its argmax."""
+    return (actions == 0).float().mean().item()

@@ -3,10 +3,11 @@
 Conventions for the ```python blocks of README.md and docs/*.md (``>>>`` examples are
 doctests instead, through pytest's ``--doctest-glob=*.md``):
 
-- A page's blocks run in order, in one namespace whose ``__name__`` is ``"__main__"``, in
-  a fresh Python process started from the repository root. A block may use what an
-  earlier block of the same page defines, and must define everything else itself (no
-  hidden set-up): ``make_env``, ``policy``, a ``learn`` that takes a real step.
+- Every block runs standalone, as a reader would paste it: in a namespace of its own
+  whose ``__name__`` is ``"__main__"`` (a fresh ``__main__`` module per block), so it
+  imports and defines everything it uses itself (no hidden set-up, nothing from an
+  earlier block): ``make_env``, ``policy``, a ``learn`` that takes a real step. A page's
+  blocks run in order in one Python process started from the repository root.
 - Budgets stay small: a page runs in well under 30 s on 2 cores (a few thousand
   ``total_frames``, a few hundred ``frames_per_batch``, 2 to 8 envs).
 - A first line ``# not run: <reason>`` opts a block out (a signature with placeholders,
@@ -49,8 +50,6 @@ RUN_BY_TEST = {"docs/index.md": "test_training_loop_of_the_docs_home_page"}
 # shows the page's line.
 RUNNER = """
 import json, sys, types
-main = types.ModuleType("__main__")
-sys.modules["__main__"] = main
 for path, line, code, needs_cuda in json.loads(sys.argv[1]):
     if needs_cuda:
         import torch
@@ -58,6 +57,8 @@ for path, line, code, needs_cuda in json.loads(sys.argv[1]):
             print(f"skipped {path}:{line} (needs CUDA)", flush=True)
             continue
     print(f"running {path}:{line}", flush=True)
+    main = types.ModuleType("__main__")  # standalone: nothing of the blocks before
+    sys.modules["__main__"] = main
     exec(compile("\\n" * (line - 1) + code, path, "exec"), main.__dict__)
 """
 

@@ -89,7 +89,7 @@ def test_training_loop_of_the_docs_home_page(tmp_path):
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     assert "total_frames=100_000" in code, "the loop's budget moved; update this test"
     script = tmp_path / "loop.py"
-    script.write_text(code.replace("total_frames=100_000", "total_frames=6144"))
+    script.write_text(code.replace("total_frames=100_000", "total_frames=6_000"))  # 3 rounds
     out = run(str(script))
     assert "weights v3: mean episode length" in out, out
 
@@ -598,3 +598,49 @@ def test_ppo_atari_gym_envs_and_deadline(tmp_path):
         "--total-timesteps", "1024", "--max-seconds", "0.001", "--out", str(tmp_path))  # fmt: skip
     sync = json.loads((tmp_path / "ppo_atari_gym_sync_seed1.json").read_text())
     check_ppo_atari_run(sync, updates=1, stopped_by="max_seconds")
+
+
+def test_torchrl_ppo(tmp_path):
+    # The recipe of docs/torchrl.md, two rollouts, then the evaluation collector.
+    out = run(
+        "examples/torchrl_ppo.py",
+        *("--frames", "512", "--num-envs", "4", "--num-steps", "64", "--epochs", "2"),
+        *("--eval-episodes", "2", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "torchrl_ppo.json").read_text())
+    (run_,) = result["runs"]
+    assert run_["frames"] == 512 and run_["exploration_type"] == "random"
+    frames = [f for f, _ in run_["curve"]]
+    assert frames == sorted(frames) and all(0 < f <= 512 for f in frames)
+    # CartPole pays 1 a step: finished episodes add up to at most the frames taken
+    assert sum(ret for _, ret in run_["curve"]) <= 512
+    assert len(run_["eval_returns"]) == 2 and all(r >= 8 for r in run_["eval_returns"])
+    assert "seed 1: mean return (last 100)" in out, out
+    assert (tmp_path / "torchrl_ppo.png").stat().st_size > 0
+
+
+def test_cleanrl_ppo(tmp_path):
+    out = run(
+        "examples/cleanrl_ppo.py",
+        *("--total-timesteps", "1024", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "cleanrl_ppo.json").read_text())
+    assert result["env_steps"] == 1024 and result["episodes"] == len(result["curve"]) > 0
+    steps = [s for s, _ in result["curve"]]
+    assert steps == sorted(steps) and all(0 < s <= 1024 for s in steps)
+    assert sum(ret for _, ret in result["curve"]) <= 1024
+    assert "global_step=512, episodic_return=" in out, out
+    assert (tmp_path / "cleanrl_ppo.png").stat().st_size > 0
+
+
+def test_cleanrl_dqn(tmp_path):
+    run(
+        "examples/cleanrl_dqn.py",
+        *("--total-timesteps", "3000", "--learning-starts", "1000", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "cleanrl_dqn.json").read_text())
+    check_dqn_summary(
+        result, steps=3000, learning_starts=1000, batch_size=128, train_ratio=12.8, batch_rows=10
+    )
+    assert sum(ret for _, ret in result["curve"]) <= 3000
+    assert (tmp_path / "cleanrl_dqn.png").stat().st_size > 0

@@ -31,7 +31,14 @@ from typing import Any
 import torch
 import torch.compiler
 
-__all__ = ["TensorDict", "TensorDictBase", "TensorDictModuleBase", "is_non_tensor"]
+__all__ = [
+    "InteractionType",
+    "TensorDict",
+    "TensorDictBase",
+    "TensorDictModuleBase",
+    "is_non_tensor",
+    "set_interaction_type",
+]
 
 _DYNAMO = "torch._dynamo"
 _lock = threading.Lock()
@@ -150,4 +157,8 @@ def _import_tensordict() -> None:
 _import_tensordict()
 
 from tensordict import TensorDict, TensorDictBase, is_non_tensor  # noqa: E402
-from tensordict.nn import TensorDictModuleBase  # noqa: E402
+from tensordict.nn import (  # noqa: E402
+    InteractionType,
+    TensorDictModuleBase,
+    set_interaction_type,
+)

@@ -33,6 +33,7 @@ __all__ = [
     "EnvError",
     "InferenceError",
     "RemoteTraceback",
+    "TrailingDimensionWarning",
     "WorkerError",
     "WorkerFailure",
     "WorkerRestartWarning",
@@ -201,6 +202,24 @@ class WorkerRestartWarning(RuntimeWarning):
         ...     warnings.simplefilter("always")
         ...     warnings.warn("worker 1 (envs [1]) restarted", WorkerRestartWarning)
         >>> issubclass(caught[0].category, RuntimeWarning)
+        True
+    """
+
+
+class TrailingDimensionWarning(UserWarning):
+    """An on-policy policy output holds one value per env step in a trailing dimension
+    of 1 (a ``[B, 1]`` value head): batches hold it as ``[num_envs, T, 1]``, which
+    broadcasts silently against the ``[num_envs, T]`` rewards and done flags of a
+    hand-written GAE (``[num_envs, T, T]`` advantages). Raised at construction, for a
+    plain ``nn.Module`` (a ``TensorDictModule`` keeps TorchRL's ``[*, 1]`` convention);
+    the message names the output. Squeeze it in ``forward`` (``value.squeeze(-1)``), or
+    filter the warning where the dimension is meant.
+
+    Examples:
+        >>> import warnings
+        >>> from rlcollect.errors import TrailingDimensionWarning
+        >>> warnings.filterwarnings("ignore", category=TrailingDimensionWarning)  # meant
+        >>> issubclass(TrailingDimensionWarning, UserWarning)
         True
     """
 

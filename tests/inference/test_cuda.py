@@ -6,6 +6,7 @@ reaching captured graphs; policies that write their own inputs.
 
 import functools
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,7 @@ from helpers import (
     CUDA_ONLY,
     ConstantPolicy,
     CountingPolicy,
+    biased_actor,
     check_clean,
     check_counting_streams,
     check_weight_update,
@@ -24,6 +26,7 @@ from helpers import (
     first_error_within_bound,
     plain_runner,
     respond_raising_after,
+    sampled_share,
     step_fields,
     streams,
 )
@@ -455,3 +458,26 @@ def test_on_policy_rollouts_with_graphs_use_one_version_per_batch(mode, backend)
                 policy.tag.fill_(k + 1)
             c.update_policy_weights_(policy)
     check_counting_streams(torch.cat(batches))
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend"),
+    [("eager", "thread"), ("graph", "thread"), ("compiled+graph", "thread"), ("graph", "process")],
+)
+def test_a_probabilistic_actor_samples_in_graphs_and_compiled_code(mode, backend):
+    # The exploration type is in force while the step is compiled and captured: a graph
+    # captured under the default (deterministic) type would replay argmax for good.
+    for kind in ("random", "deterministic"):
+        with AsyncBatchedCollector(
+            [functools.partial(gym.make, "CartPole-v1")] * 4,
+            biased_actor(),
+            frames_per_batch=200,
+            total_frames=400,
+            policy_device="cuda",
+            inference_backend=backend,
+            exploration_type=kind,
+            **CUDA_MODES[mode],
+        ) as c:
+            action = torch.cat([b["action"] for b in c])
+        share = sampled_share(action)
+        assert (0.15 < share < 0.4) if kind == "random" else share == 0.0, (kind, share)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import TensorDictModule
+from tensordict.nn import InteractionType, TensorDictModule
+from tensordict.nn.probabilistic import interaction_type
 
 from rlcollect.inference.policy import PolicyRunner, output_fields
 
@@ -75,3 +76,51 @@ def test_output_fields_check_the_action_space():
         )
     with pytest.raises(TypeError, match="not supported"):
         output_fields(outputs, gym.spaces.Text(5))
+
+
+class RecordsInteractionType(torch.nn.Module):
+    """Records tensordict's interaction type at each call; recurrent with ``state``."""
+
+    def __init__(self, recurrent=False):
+        super().__init__()
+        self.seen = []
+        if recurrent:
+            self.initial_state = lambda: {"h": torch.zeros(1)}
+
+    def forward(self, obs, h=None):
+        self.seen.append(interaction_type())
+        action = obs[:, 0].long()
+        return action if h is None else (action, h + 1)
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_a_tensordict_module_is_called_under_the_exploration_type(recurrent):
+    inner = RecordsInteractionType(recurrent)
+    in_keys, out_keys = ["observation"], ["action"]
+    if recurrent:
+        in_keys.append(("recurrent_state", "h"))
+        out_keys.append(("next", "recurrent_state", "h"))
+    module = TensorDictModule(inner, in_keys=in_keys, out_keys=out_keys)
+    if recurrent:
+        module.initial_state = inner.initial_state
+    for kind in ("random", "deterministic", "MODE"):
+        runner = PolicyRunner(
+            module, device=torch.device("cpu"), observation_paths=((),), exploration_type=kind
+        )
+        runner(OBS)
+    assert inner.seen == [InteractionType.RANDOM, InteractionType.DETERMINISTIC, "mode"]
+    assert interaction_type() is None  # the caller's own type, restored
+
+
+def test_a_plain_module_is_called_as_it_is():
+    inner = RecordsInteractionType()
+    PolicyRunner(inner, device=torch.device("cpu"), observation_paths=((),))(OBS)
+    assert inner.seen == [None]
+
+
+def test_an_exploration_type_is_one_of_tensordicts():
+    with pytest.raises(ValueError, match=r"exploration_type must be one of \['random'"):
+        PolicyRunner(
+            Fn(lambda x: x), device=torch.device("cpu"), observation_paths=((),),
+            exploration_type="median-ish",
+        )  # fmt: skip

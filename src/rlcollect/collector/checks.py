@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from rlcollect.collector.probe import factory_takes_spaces
 from rlcollect.inference.backend import BackendChoice
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
@@ -149,6 +150,8 @@ def policy_source(
         raise TypeError(
             f"policy_factory must be a zero-argument callable, got {type(factory).__name__}"
         )
+    if factory is not None:
+        factory_takes_spaces(factory)  # takes none or two arguments, or a TypeError here
     source: Any = policy if policy is not None else factory
     if backend.needs_request_channel and not transport.supports_request_channel:
         raise ValueError(

@@ -34,6 +34,7 @@ import torch
 from rlcollect._tensordict import TensorDict
 from rlcollect.collector.background import Pausable
 from rlcollect.collector.batches.ahead import PauseBetweenRounds, RoundAhead
+from rlcollect.collector.batches.episodes import Episode
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.facade import CollectorFacade
 from rlcollect.collector.lifecycle import Stage
@@ -62,9 +63,10 @@ class AsyncBatchedCollector(CollectorFacade):
     ``("next", "observation" | "reward" | "terminated" | "truncated" | "done" |
     "episode_return" | "episode_length")``. Rows of one batch come from many envs; sort
     by ``(env_index, episode, step)`` to read one env's stream. With ``on_policy=True``
-    a batch is ``[num_envs, T]`` instead: row ``e`` is env ``e``'s next ``T`` steps, all
-    computed with the weights current when the batch was asked for. Every argument, in
-    detail: ``docs/usage.md``.
+    a batch is ``[num_envs, T]`` instead (``[T, num_envs]`` with ``time_major=True``):
+    row ``e`` is env ``e``'s next ``T`` steps, all computed with the weights current when
+    the batch was asked for. :meth:`episodes` lists the episodes that finished. Every
+    argument, in detail: ``docs/usage.md``.
 
     Args:
         env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
@@ -75,7 +77,11 @@ class AsyncBatchedCollector(CollectorFacade):
             deep copy is served on ``policy_device``. With ``initial_state()`` it is
             recurrent: ``forward(observation, state) -> (outputs, new_state)``, each
             env's state kept by the server (``docs/usage.md``, *Recurrent policies*).
-        policy_factory: instead of ``policy``, a zero-argument callable that builds it.
+        policy_factory: instead of ``policy``, a callable that builds it: with no
+            argument, or, when its signature asks for two, from ``(observation_space,
+            action_space)``, one env's spaces (the collector's ``observation_space`` and
+            ``action_space``), so that no env is built only to size the network; a
+            class whose ``__init__`` takes the two spaces is one.
         frames_per_batch: transitions per yielded batch.
         total_frames: transitions in all, or -1 to collect until :meth:`shutdown`.
         transport: ``"process_slots"``, ``"thread"``, or a
@@ -127,6 +133,15 @@ class AsyncBatchedCollector(CollectorFacade):
             learns on this one: each round starts as soon as the batch before it is
             handed out, so batch ``k+1`` is acted by the weights before the update on
             batch ``k`` (a lag of exactly one update). 0 (default): no lag, envs wait.
+        time_major: with ``on_policy=True``, batches of ``[T, num_envs]``, row ``t`` step
+            ``t`` of every env (CleanRL's ``[num_steps, num_envs]``), built so rather than
+            transposed: contiguous. False (default): ``[num_envs, T]``.
+        exploration_type: what a ``TensorDictModule`` policy is called under
+            (tensordict's ``set_interaction_type``, TorchRL's ``set_exploration_type``):
+            ``"random"`` (default) samples, as TorchRL's collectors act, so a
+            ``ProbabilisticActor`` explores; ``"deterministic"``, ``"mode"`` or
+            ``"mean"`` for an evaluation collector. A plain ``nn.Module`` draws its own
+            noise: only ``"random"`` is accepted with one (``docs/policies.md``).
 
     Attributes:
         num_envs: envs in all (sub-envs of vector envs counted one by one).
@@ -198,7 +213,7 @@ class AsyncBatchedCollector(CollectorFacade):
         env_fns: Sequence[Callable[[], Any]],
         policy: torch.nn.Module | None = None,
         *,
-        policy_factory: Callable[[], torch.nn.Module] | None = None,
+        policy_factory: Callable[..., torch.nn.Module] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
         transport: Literal["thread", "process_slots"] | Transport = "process_slots",
@@ -222,6 +237,8 @@ class AsyncBatchedCollector(CollectorFacade):
         on_policy: bool = False,
         info_keys: Sequence[str] = (),
         policy_lag: int = 0,
+        time_major: bool = False,
+        exploration_type: str = "random",
     ) -> None:
         super().__init__()
         self._transport: Transport | None = None
@@ -331,6 +348,20 @@ class AsyncBatchedCollector(CollectorFacade):
         self._background.raise_error()
         if self._lifecycle.closed:
             raise CollectorError("the collector was shut down while an update waited")
+
+    def episodes(self) -> list[Episode]:
+        """The episodes finished since the last call, oldest first: each an
+        :class:`~rlcollect.collector.batches.episodes.Episode` (env index, return,
+        length, the frames delivered with it, the last step's ``info_keys`` entries).
+
+        Filled from every delivered batch, whether iterated or written to the replay
+        buffer in the background, and callable from any thread meanwhile: the learner
+        of ``start()`` logs finished episodes with it. Records not drained are kept up
+        to 10,000 (the oldest then dropped). After shutdown it returns what is left.
+
+        Example: ``docs/usage.md``, *Finished episodes*.
+        """
+        return self._chunks.episodes.drain()
 
     def stats(self) -> dict[str, Any]:
         """Frames, batches, throughput, driver CPU time per frame and server statistics

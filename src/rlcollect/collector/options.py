@@ -26,6 +26,7 @@ import torch
 
 from rlcollect.collector import checks
 from rlcollect.inference.backend import BACKENDS
+from rlcollect.inference.policy import exploration_type_of
 from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
@@ -105,8 +106,10 @@ def _max_worker_restarts(value: Any) -> Any:
 class Options:
     """Every keyword argument of the collector (all but ``env_fns`` and ``policy``)."""
 
-    policy_factory: Callable[[], torch.nn.Module] | None = _option(
-        None, "instead of `policy`, a zero-argument callable that builds it"
+    policy_factory: Callable[..., torch.nn.Module] | None = _option(
+        None,
+        "instead of `policy`, a callable that builds it: with no argument, or from "
+        "`(observation_space, action_space)` (one env's)",
     )
     frames_per_batch: int = field(
         metadata={
@@ -217,6 +220,18 @@ class Options:
         0,
         "with `on_policy=True`, 1 collects the next batch while the learner learns on this one",
         check=checks.policy_lag_of,
+    )
+    time_major: bool = _option(
+        False,
+        "with `on_policy=True`, batches of `[T, num_envs]` (CleanRL's layout) instead of "
+        "`[num_envs, T]`",
+        check=_flag("time_major"),
+    )
+    exploration_type: str = _option(
+        "random",
+        'what a `TensorDictModule` policy acts under: `"random"` (samples, as TorchRL\'s '
+        'collectors), or `"deterministic"`, `"mode"`, `"mean"` for evaluation',
+        check=exploration_type_of,
     )
 
     def checked(self) -> Options:

@@ -17,6 +17,7 @@ slot, delivery, ...) are defined once in ``docs/architecture.md``, *Terminology*
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -29,11 +30,13 @@ from rlcollect.collector.batches.delivery import Delivery, choose_delivery
 from rlcollect.collector.options import Options
 from rlcollect.collector.probe import (
     build_policy,
+    factory_takes_spaces,
     observation_fields,
     probe_env,
     probe_policy,
     probe_runner,
     served_policy,
+    warn_of_trailing_ones,
 )
 from rlcollect.inference.backend import BackendChoice, backend_kind, choose_backend
 from rlcollect.inference.config import InferenceConfig, WeightsLayout
@@ -97,6 +100,9 @@ class _Probed(NamedTuple):
     paths: tuple[Path, ...]
     obs_fields: tuple[Field, ...]
     served: torch.nn.Module
+    #: What builds the policy elsewhere: the policy, or a zero-argument factory (one that
+    #: takes the spaces, bound to them).
+    policy_source: Any
     runner: PolicyRunner
     action_field: Field
     extra_fields: tuple[Field, ...]
@@ -154,7 +160,7 @@ def plan_collection(
         args.backend.name,
         config,
         served=probed.served,
-        policy_source=args.policy_source,
+        policy_source=probed.policy_source,
         policy_is_factory=policy is None,
     )
     return Plan(
@@ -199,6 +205,11 @@ def _check_together(
         )
     source_of_policy = checks.policy_source(policy, o.policy_factory, backend, transport)
     checks.check_policy_lag(o.policy_lag, o.on_policy)
+    if o.time_major and not o.on_policy:
+        raise ValueError(
+            "time_major=True lays out on-policy rounds as [T, num_envs]; it needs "
+            "on_policy=True (off-policy batches are rows of many envs, with no time axis)"
+        )
     if o.max_worker_restarts and not transport.supports_restart:
         raise ValueError(
             f"max_worker_restarts={o.max_worker_restarts}, but the transport "
@@ -237,11 +248,17 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
             "chunks do not hold every sub-env's last transition to end its episode at"
         )
     paths, obs_fields = observation_fields(source.observation_space)
+    policy_source = args.policy_source
     if policy is not None:
         served = served_policy(policy, args.device, own=False)
     else:
-        served = served_policy(build_policy(args.policy_source), args.device, own=True)
-    runner = probe_runner(served, args.device, paths)
+        if factory_takes_spaces(policy_source):
+            # Bound here, once: every process that builds the policy calls it with none.
+            policy_source = functools.partial(
+                policy_source, source.observation_space, source.action_space
+            )
+        served = served_policy(build_policy(policy_source), args.device, own=True)
+    runner = probe_runner(served, args.device, paths, o.exploration_type)
     action_field, extra_fields = output_fields(
         probe_policy(runner, source.observation_space, paths), source.action_space
     )
@@ -250,11 +267,21 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
             "inference_backend='worker' serves feed-forward policies; this policy is "
             "recurrent (it has initial_state()): use inference_backend='thread' or 'process'"
         )
+    if o.on_policy and not runner.tensordict_policy:
+        warn_of_trailing_ones(extra_fields)
     if runner.initial_state is not None and o.store_recurrent_state:
         # The state each action was computed from: a policy output the server writes.
         extra_fields += state_fields(runner.initial_state)
     return _Probed(
-        source, info_fields, paths, obs_fields, served, runner, action_field, extra_fields
+        source,
+        info_fields,
+        paths,
+        obs_fields,
+        served,
+        policy_source,
+        runner,
+        action_field,
+        extra_fields,
     )
 
 
@@ -341,4 +368,5 @@ def _inference_config(
         recurrent=probed.runner.initial_state is not None,
         store_recurrent_state=o.store_recurrent_state,
         restarts=o.max_worker_restarts > 0,
+        exploration_type=o.exploration_type,
     )

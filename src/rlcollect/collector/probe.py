@@ -5,21 +5,25 @@ It builds env 0 once in the driver (``worker/source.py`` says what it finds ther
 copy of the policy on its device and runs it once on two sampled observations; the ring
 is then laid out from both. With ``info_keys`` env 0 is also reset and stepped once
 (a sampled action), and each entry's dtype and per-env shape are read from that step's
-``info``.
+``info``. A ``policy_factory`` is called with env 0's spaces where its signature asks for
+them (``factory_takes_spaces``), and an on-policy output that would broadcast is named
+(``warn_of_trailing_ones``).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
 
-from rlcollect.errors import WorkerError
+from rlcollect.errors import TrailingDimensionWarning, WorkerError
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Path
 from rlcollect.worker.infos import NUMERIC_KINDS
@@ -28,12 +32,14 @@ from rlcollect.worker.spec import info_key, observation_key
 
 __all__ = [
     "build_policy",
+    "factory_takes_spaces",
     "observation_fields",
     "probe_env",
     "probe_policy",
     "probe_runner",
     "probe_source",
     "served_policy",
+    "warn_of_trailing_ones",
 ]
 
 
@@ -161,6 +167,40 @@ def build_policy(factory: Any) -> Any:
         raise ValueError(f"policy_factory raised: {type(exc).__name__}: {exc}") from exc
 
 
+def factory_takes_spaces(factory: Callable[..., Any]) -> bool:
+    """True when ``policy_factory`` builds the policy from ``(observation_space,
+    action_space)``: its signature asks for two positional arguments; False when it asks
+    for none (a signature that cannot be read counts as none).
+
+    Raises:
+        TypeError: it asks for another number of arguments, or for keyword-only ones.
+    """
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is inspect.Parameter.empty
+        and (p.kind in positional or p.kind is inspect.Parameter.KEYWORD_ONLY)
+    ]
+    if not required:
+        return False
+    keyword_only = any(
+        p.kind is inspect.Parameter.KEYWORD_ONLY
+        for p in signature.parameters.values()
+        if p.name in required
+    )
+    if len(required) != 2 or keyword_only:
+        raise TypeError(
+            "policy_factory must take no argument, or two positional ones "
+            f"(observation_space, action_space); it requires {required}"
+        )
+    return True
+
+
 def served_policy(policy: Any, device: torch.device, *, own: bool) -> torch.nn.Module:
     """The policy to serve on ``device``: a deep copy of the caller's, or ``policy``
     itself when the collector built it (``own``)."""
@@ -183,11 +223,25 @@ def served_policy(policy: Any, device: torch.device, *, own: bool) -> torch.nn.M
 
 
 def probe_runner(
-    policy: torch.nn.Module, device: torch.device, paths: tuple[Path, ...]
+    policy: torch.nn.Module,
+    device: torch.device,
+    paths: tuple[Path, ...],
+    exploration_type: str = "random",
 ) -> PolicyRunner:
     """The runner of the served policy; a recurrent one's ``initial_state()`` is called
-    and checked here (a ``TypeError`` or ``ValueError`` naming what is wrong)."""
-    return PolicyRunner(policy, device=device, observation_paths=paths)
+    and checked here (a ``TypeError`` or ``ValueError`` naming what is wrong), and an
+    exploration type for evaluation is refused for a plain module, which would ignore it."""
+    runner = PolicyRunner(
+        policy, device=device, observation_paths=paths, exploration_type=exploration_type
+    )
+    if runner.exploration_type != "random" and not runner.tensordict_policy:
+        raise ValueError(
+            f"exploration_type={runner.exploration_type!r} sets how a TensorDictModule "
+            f"acts; this policy is a plain {type(policy).__name__}, which draws its own "
+            "noise: make its forward deterministic instead (and leave exploration_type "
+            "at 'random')"
+        )
+    return runner
 
 
 def probe_policy(
@@ -217,3 +271,20 @@ def probe_policy(
             f"the policy failed on a batch of 2 sampled observations ({shapes}): "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+
+
+def warn_of_trailing_ones(outputs: Sequence[Field]) -> None:
+    """A :class:`~rlcollect.errors.TrailingDimensionWarning` for each on-policy output
+    of one value per step held in a trailing dimension of 1 (the action excepted: its
+    shape is the action space's)."""
+    for f in outputs:
+        if f.shape == (1,):
+            name = "/".join(f.key)
+            warnings.warn(
+                f"policy output {name!r} has shape [B, 1]: on-policy batches hold it as "
+                f"[num_envs, T, 1], which broadcasts against [num_envs, T] rewards and done "
+                f"flags (a GAE of [num_envs, T, T]); return {name}.squeeze(-1) from forward, "
+                "or filter rlcollect.errors.TrailingDimensionWarning if the dimension is meant",
+                TrailingDimensionWarning,
+                stacklevel=5,
+            )

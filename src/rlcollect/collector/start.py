@@ -87,6 +87,7 @@ def chunk_loop(
         num_envs=plan.num_envs,
         frames_per_batch=o.frames_per_batch,
         total_frames=o.total_frames,
+        time_major=o.time_major,
     )
     throttle = None if plan.throttle is None else Throttle(*plan.throttle, o.learning_starts)
     stalls = None

@@ -34,6 +34,7 @@ from gymnasium.vector import VectorEnv
 
 from rlcollect.collector.checks import envs_per_worker_of, is_auto
 from rlcollect.collector.collector import AsyncBatchedCollector
+from rlcollect.collector.probe import factory_takes_spaces
 from rlcollect.distributed.failures import Failure, describe
 from rlcollect.distributed.rows import Rows, to_rows
 from rlcollect.errors import CollectorError
@@ -52,6 +53,18 @@ def sub_envs(env_fn: Callable[[], Any]) -> int:
 
 def _with_weights(factory: Callable[[], torch.nn.Module], weights: Any) -> torch.nn.Module:
     policy = factory()
+    policy.load_state_dict(weights)
+    return policy
+
+
+def _with_weights_from_spaces(
+    factory: Callable[[Any, Any], torch.nn.Module],
+    weights: Any,
+    observation_space: Any,
+    action_space: Any,
+) -> torch.nn.Module:
+    """``_with_weights`` of a factory that takes the spaces: it asks for them too."""
+    policy = factory(observation_space, action_space)
     policy.load_state_dict(weights)
     return policy
 
@@ -103,9 +116,13 @@ class CollectorActor:
             if policy is not None:
                 policy.load_state_dict(weights)
             else:
-                kwargs["policy_factory"] = functools.partial(
-                    _with_weights, kwargs["policy_factory"], weights
-                )
+                factory = kwargs["policy_factory"]
+                try:
+                    spaces = factory_takes_spaces(factory)
+                except TypeError:
+                    spaces = False  # the collector below names what is wrong with it
+                rebuild = _with_weights_from_spaces if spaces else _with_weights
+                kwargs["policy_factory"] = functools.partial(rebuild, factory, weights)
         if cpus is not None:
             if is_auto(kwargs.get("envs_per_worker")):
                 # About one worker per core Ray gave this actor, not per core of the

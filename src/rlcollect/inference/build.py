@@ -34,7 +34,12 @@ def build_server(
     """The server for ``policy`` (already on ``config.device``), not started yet: the
     action step is built (compiled, captured) here."""
     device = torch.device(config.device)
-    runner = PolicyRunner(policy, device=device, observation_paths=config.observation_paths)
+    runner = PolicyRunner(
+        policy,
+        device=device,
+        observation_paths=config.observation_paths,
+        exploration_type=config.exploration_type,
+    )
     if runner.recurrent != config.recurrent:
         # The inference process builds its own policy: it must be the kind that was probed.
         has, kind = ("lacks", "recurrent") if config.recurrent else ("has", "feed-forward")

@@ -79,3 +79,5 @@ class InferenceConfig:
     recurrent: bool = False
     store_recurrent_state: bool = True  # the state goes out as ("recurrent_state", ...)
     restarts: bool = True  # workers may restart: a batch may name an env twice
+    #: What a ``TensorDictModule`` policy is called under (``inference/policy.py``).
+    exploration_type: str = "random"

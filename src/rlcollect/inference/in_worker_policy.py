@@ -145,7 +145,10 @@ class InWorkerEnd(WorkerEnd):
         policy = policy.to(device)
         policy.requires_grad_(False)  # as the server's copy: weights change by copy only
         self._runner = PolicyRunner(
-            policy, device=device, observation_paths=config.observation_paths
+            policy,
+            device=device,
+            observation_paths=config.observation_paths,
+            exploration_type=config.exploration_type,
         )
         self._step: ActionStep | None = None
         if device.type != "cpu" or config.layout.staging is not None:

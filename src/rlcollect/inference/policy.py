@@ -11,17 +11,35 @@ the batch's state too: a plain module as ``forward(observation, state)``, return
 ``(outputs, new_state)``; a ``TensorDictModule`` with ``recurrent_state`` and ``is_init``
 in its TensorDict, writing ``("next", "recurrent_state")``. ``outputs`` follow the rules
 above; ``new_state`` must have the structure, shapes and dtypes of the state it got.
+
+A ``TensorDictModule`` is called under an exploration type (tensordict's
+``set_interaction_type``, which TorchRL's ``set_exploration_type`` is): ``"random"`` by
+default, as TorchRL's own collectors act, so that a ``ProbabilisticActor`` samples its
+actions and an exploration module (``EGreedyModule``, ``AdditiveGaussianModule``) adds
+its noise; ``"deterministic"``, ``"mode"`` or ``"mean"`` for evaluation. The type is
+set around the module's call inside :meth:`PolicyRunner.call`, the function the action
+steps compile and capture, so it is in force whichever backend serves the policy and
+while a CUDA graph is captured; eager calls of this process take turns (the setting is
+the process's, see ``_INTERACTION_LOCK``). A plain ``nn.Module`` is called as it is: it
+draws its own noise.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlcollect._tensordict import TensorDict, TensorDictBase, TensorDictModuleBase
+from rlcollect._tensordict import (
+    InteractionType,
+    TensorDict,
+    TensorDictBase,
+    TensorDictModuleBase,
+    set_interaction_type,
+)
 from rlcollect.inference.recurrent import (
     IS_INIT_KEY,
     STATE_KEY,
@@ -34,6 +52,10 @@ from rlcollect.inference.recurrent import (
 from rlcollect.transports.layout import Field, Key, Path
 
 __all__ = ["PolicyRunner"]
+
+#: The exploration types a ``TensorDictModule`` may be served under (tensordict's
+#: ``InteractionType`` values): ``"random"`` samples, the others are for evaluation.
+EXPLORATION_TYPES = ("random", "deterministic", "mode", "mean")
 
 #: Keys the collector writes itself, and the ring's name for staged copies (vector envs);
 #: a policy output may not use them.
@@ -56,6 +78,8 @@ class PolicyRunner:
         device: where the policy runs; observations are moved there.
         observation_paths: the observation leaves, ``((),)`` for a plain array, else
             one name path per leaf of a dict observation space.
+        exploration_type: what a ``TensorDictModule`` is called under (one of
+            ``EXPLORATION_TYPES``); a plain module ignores it.
 
     A policy with ``initial_state()`` is recurrent (:attr:`initial_state` holds one env's
     state, checked here); call it with :meth:`call_recurrent`.
@@ -79,7 +103,12 @@ class PolicyRunner:
     """
 
     def __init__(
-        self, policy: torch.nn.Module, *, device: torch.device, observation_paths: tuple[Path, ...]
+        self,
+        policy: torch.nn.Module,
+        *,
+        device: torch.device,
+        observation_paths: tuple[Path, ...],
+        exploration_type: str = "random",
     ) -> None:
         if not isinstance(policy, torch.nn.Module):
             raise TypeError(
@@ -89,9 +118,19 @@ class PolicyRunner:
         self.device = device
         self.paths = observation_paths
         self.tensordict_policy = isinstance(policy, TensorDictModuleBase)
+        self.exploration_type = exploration_type_of(exploration_type)
+        self._interaction = InteractionType(self.exploration_type)
         self._dict_obs = observation_paths != ((),)
         #: One env's initial state by leaf, on ``device``; None for a feed-forward policy.
         self.initial_state: Leaves | None = initial_state_of(policy, device)
+
+    def _call_module(self, td: TensorDictBase) -> Any:
+        """The ``TensorDictModule`` on ``td``, under this runner's exploration type."""
+        if torch.compiler.is_compiling():
+            with set_interaction_type(self._interaction):
+                return self.policy(td)
+        with _INTERACTION_LOCK, set_interaction_type(self._interaction):
+            return self.policy(td)
 
     @property
     def recurrent(self) -> bool:
@@ -128,7 +167,7 @@ class PolicyRunner:
                 batch_size=[batch],
                 device=self.device,
             )
-            out = self.policy(td)
+            out = self._call_module(td)
             return _outputs_of_tensordict(out if out is not None else td, batch)
         if self._dict_obs:
             arg: Any = TensorDict(dict(tensors), batch_size=[batch], device=self.device)
@@ -160,7 +199,7 @@ class PolicyRunner:
             for path, value in state.items():
                 td.set((STATE_KEY, *path), value)
             td.set(IS_INIT_KEY, is_init)
-            result = self.policy(td)
+            result = self._call_module(td)
             result = result if result is not None else td
             nxt = (("next", STATE_KEY, *path) for path in self.initial_state)
             if any(key not in result.keys(include_nested=True) for key in nxt):
@@ -192,6 +231,32 @@ class PolicyRunner:
                     "recurrent policies; rename that output"
                 )
         return outputs, new
+
+
+# tensordict keeps the interaction type in one setting per process: two threads of this
+# process serving TensorDictModules (in-worker policies on worker threads, two
+# collectors' servers) would each set and restore it around the other's call, and a
+# call could run under the other's type or none, with the setting left changed after
+# both. Held around every eager call, this lock keeps those calls apart. Compiled code and
+# CUDA graphs read the type once, when traced or captured (inside the same call), so a
+# compiled call takes no lock (dynamo would break its graph at one).
+_INTERACTION_LOCK = threading.Lock()
+
+
+def exploration_type_of(value: Any) -> str:
+    """``value`` as the name of an exploration type (a name of ``EXPLORATION_TYPES``,
+    or tensordict's ``InteractionType`` / TorchRL's ``ExplorationType`` member for it).
+
+    Raises:
+        ValueError: any other value.
+    """
+    name = getattr(value, "value", value)  # an InteractionType member: its name
+    if not isinstance(name, str) or name.lower() not in EXPLORATION_TYPES:
+        raise ValueError(
+            f"exploration_type must be one of {list(EXPLORATION_TYPES)} (or tensordict's "
+            f"InteractionType / TorchRL's ExplorationType of one), got {value!r}"
+        )
+    return name.lower()
 
 
 def _describe(value: Any) -> str:

@@ -5,11 +5,12 @@ import functools
 
 import pytest
 import torch
-from envs import counting_vector
+from envs import counting_vector, with_info
 from helpers import CountingPolicy, check_counting_streams, check_episode_figures, collect
 from tensordict import TensorDict
 
-from rlcollect import AsyncBatchedCollector
+from rlcollect import AsyncBatchedCollector, ReplayBuffer
+from rlcollect.collector.batches import episodes
 from rlcollect.collector.batches.episodes import EpisodeStats
 from rlcollect.testing import CountingEnv, CountingVectorEnv, episode_length
 
@@ -63,6 +64,9 @@ def test_episode_stats_before_any_episode_ends_and_over_the_last_100():
             ("next", "done"): torch.ones(n, dtype=torch.bool),
             ("next", "episode_return"): torch.arange(n, dtype=torch.float32),
             ("next", "episode_length"): torch.arange(n),
+            ("next", "terminated"): torch.ones(n, dtype=torch.bool),
+            "env_index": torch.zeros(n, dtype=torch.int64),
+            "episode": torch.arange(n),
         },
         batch_size=[n],
     )
@@ -98,3 +102,90 @@ def test_running_figures_start_again_after_a_worker_restart(transport, tmp_path)
     # The rebuilt envs start new episodes at step 0: their figures start from 0 too,
     # and the interrupted episodes' last rows carry what they had reached.
     check_episode_figures(data)
+
+
+def check_records(records, total):
+    """CountingEnv's episodes, each once, in its env's order, with its figures and the
+    info of its last step (``lives`` = 3 - steps % 3, ``progress`` = 1)."""
+    seen = {}
+    for r in records:
+        length = episode_length(r.env_index, r.episode)
+        assert r.episode_length == length, r
+        assert r.episode_return == length * (length + 1) // 2, r
+        assert r.info == {"lives": 3 - length % 3, "progress": 1.0}, r
+        assert 0 < r.frames <= total
+        seen.setdefault(r.env_index, []).append(r.episode)
+    for env, numbers in seen.items():
+        assert numbers == list(range(len(numbers))), (env, numbers)
+    frames = [r.frames for r in records]
+    assert frames == sorted(frames)
+
+
+def test_finished_episodes_are_drained_while_collecting_in_the_background(transport):
+    total = 2000
+    records = []
+    with AsyncBatchedCollector(
+        [functools.partial(with_info, i) for i in range(4)], CountingPolicy(),
+        frames_per_batch=40, total_frames=total, transport=transport, policy_device="cpu",
+        replay_buffer=ReplayBuffer(total), info_keys=("lives", "progress"),
+    ) as c:  # fmt: skip
+        c.start()
+        while not c.join(timeout=0.01):
+            records += c.episodes()  # from this thread, while the background one fills it
+        records += c.episodes()
+        count = c.stats()["episodes"]["count"]
+    assert count == len(records) > 20
+    check_records(records, total)
+    assert c.episodes() == []  # drained
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_finished_episodes_of_on_policy_rounds(time_major):
+    with AsyncBatchedCollector(
+        [functools.partial(with_info, i) for i in range(4)], CountingPolicy(),
+        frames_per_batch=40, total_frames=800, transport="thread", policy_device="cpu",
+        on_policy=True, time_major=time_major, info_keys=("lives", "progress"),
+    ) as c:  # fmt: skip
+        ended = 0
+        records = []
+        for batch in c:
+            ended += int(batch["next", "done"].sum())
+            drained = c.episodes()
+            assert all(r.frames == c.stats()["frames"] for r in drained)
+            records += drained
+    assert len(records) == ended > 10
+    check_records(records, 800)
+
+
+def test_undrained_records_past_the_bound_are_dropped_oldest_first(monkeypatch):
+    monkeypatch.setattr(episodes, "KEPT", 3)
+    stats = EpisodeStats()
+
+    def batch(first, done, terminated):
+        n = len(done)
+        return TensorDict(
+            {
+                ("next", "done"): torch.tensor(done),
+                ("next", "episode_return"): torch.arange(n, dtype=torch.float32),
+                ("next", "episode_length"): torch.arange(n),
+                ("next", "terminated"): torch.tensor(terminated),
+                ("next", "info", "lives"): torch.arange(n),
+                "env_index": torch.arange(first, first + n),
+                "episode": torch.zeros(n, dtype=torch.int64),
+            },
+            batch_size=[n],
+        )
+
+    # the latest batch's records are kept whole, even past the bound
+    stats.record(batch(0, [True, False, True, True, True], [True, False, False, True, True]), 5)
+    kept = stats.drain()
+    assert [r.env_index for r in kept] == [0, 2, 3, 4] and stats.dropped == 0
+    assert [r.terminated for r in kept] == [True, False, True, True]
+    assert kept[1].info == {"lives": 2} and kept[1].frames == 5
+    # undrained, the oldest batch's go once a later batch's are in
+    stats.record(batch(10, [True, True], [True, True]), 7)
+    stats.record(batch(20, [True, True], [True, True]), 9)
+    kept = stats.drain()
+    assert [r.env_index for r in kept] == [20, 21] and stats.dropped == 2
+    assert [r.frames for r in kept] == [9, 9]
+    assert stats.count == 8 and stats.drain() == []

@@ -210,6 +210,8 @@ def test_updates_before_the_first_batch_are_used_by_it():
         ({"transition_chunk_size": 4}, "transition_chunk_size=4"),
         ({"max_worker_restarts": 1}, "max_worker_restarts=1"),
         ({"on_policy": 1}, "on_policy must be True or False"),
+        ({"on_policy": False, "time_major": True}, r"time_major=True .* needs on_policy=True"),
+        ({"time_major": 1}, "time_major must be True or False"),
     ],
 )
 def test_bad_on_policy_input_is_refused_at_construction(kwargs, message):
@@ -430,3 +432,33 @@ def test_policy_lag_one_a_dropped_collector_ends_its_next_round():
                timeout=30, what="the helper thread to end")  # fmt: skip
     wait_until(lambda: all(process_gone(p) for p in pids), timeout=30, what="worker processes")
     assert not shm_exists(name)
+
+
+@pytest.mark.parametrize(
+    ("source", "policy_lag"),
+    [("plain", 0), ("envs_per_worker", 0), ("worker_splits", 0), ("vector-SameStep", 0),
+     ("vector-ids-in-any-order", 0), ("envs_per_worker", 1)],
+)  # fmt: skip
+def test_time_major_batches_are_the_rounds_transposed_and_contiguous(source, policy_lag):
+    # The same seeded envs and a deterministic policy: each env's stream is the same in
+    # both runs, so batch k of one is batch k of the other, transposed.
+    runs, buffers = {}, {}
+    for time_major in (False, True):
+        buffers[time_major] = ListBuffer()
+        with make(
+            ("process_slots", "thread"), source, CountingPolicy(), policy_lag=policy_lag,
+            time_major=time_major, replay_buffer=buffers[time_major],
+        ) as c:  # fmt: skip
+            runs[time_major] = list(c)
+    assert len(runs[True]) == len(runs[False]) == 4
+    # the replay buffer gets rows env by env either way (each env's steps contiguous)
+    for rows, same in zip(buffers[False].parts, buffers[True].parts, strict=True):
+        assert (rows == same).all()
+    for rows, steps in zip(runs[False], runs[True], strict=True):
+        num_envs, t = rows.batch_size
+        assert steps.batch_size == (t, num_envs)
+        for key in rows.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(steps[key], rows[key].transpose(0, 1)), key
+            assert steps[key].is_contiguous(), key
+        # column e is env e, row t its t-th step of the round
+        assert bool((steps["env_index"] == torch.arange(num_envs)).all())

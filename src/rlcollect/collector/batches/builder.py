@@ -65,6 +65,11 @@ class ChunkBuilder(abc.ABC):
         whichever workers (``pooled.py``)."""
 
     @property
+    def time_major(self) -> bool:
+        """Batches are on-policy rounds laid out ``[T, num_envs]`` (``rounds.py``)."""
+        return False
+
+    @property
     def lent(self) -> int:
         """Batches handed out as views of the ring so far."""
         return 0

@@ -88,10 +88,14 @@ class Delivery:
         num_envs: int,
         frames_per_batch: int,
         total_frames: int,
+        time_major: bool = False,
     ) -> ChunkBuilder:
-        """What the chunk loop fills with the chunks of ``ring``."""
+        """What the chunk loop fills with the chunks of ``ring`` (``time_major``: rounds
+        as ``[T, num_envs]``)."""
         if self.kind == "rounds":
-            return RolloutBuilder(layout, ring, num_envs=num_envs, total_frames=total_frames)
+            return RolloutBuilder(
+                layout, ring, num_envs=num_envs, total_frames=total_frames, time_major=time_major
+            )
         kind = PoolBatchBuilder if self.kind == "pool" else BatchBuilder
         return kind(
             layout,

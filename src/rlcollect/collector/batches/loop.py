@@ -115,10 +115,11 @@ class ChunkLoop:
         if self._replay_buffer is not None:
             # On-policy batches go in as rows, env by env ([num_envs * T]): every buffer
             # takes rows, and each env's T steps stay contiguous (slice samplers).
-            self._replay_buffer.extend(batch if batch.ndim == 1 else batch.reshape(-1))
+            rows = batch.transpose(0, 1) if self._builder.time_major else batch
+            self._replay_buffer.extend(rows if rows.ndim == 1 else rows.reshape(-1))
         self.frames += batch.numel()
         self.batches += 1
-        self.episodes.record(batch)
+        self.episodes.record(batch, self.frames)
         return batch
 
     def _idle(self) -> None:

@@ -28,7 +28,9 @@ the gating, with the credits it already has:
 :class:`RolloutBuilder` places each worker's ``[T, envs]`` chunk as rows of the
 ``[num_envs, T]`` batch: the chunk's rows sorted by ``env_index``, stably, are each env's
 transitions in step order (the plain loop writes them step-major; the vector loop in
-the order transitions finish, which is each env's own step order).
+the order transitions finish, which is each env's own step order). With ``time_major``
+the same rows go to columns of a ``[T, num_envs]`` batch instead (CleanRL's layout),
+built so by the same one ``np.take`` per field: contiguous, no transpose later.
 """
 
 from __future__ import annotations
@@ -61,10 +63,12 @@ class RolloutBuilder(ChunkBuilder):
         *,
         num_envs: int,
         total_frames: int,
+        time_major: bool = False,
     ) -> None:
         super().__init__(layout, ring)
         self._k = layout.columns
         self._num_envs = num_envs
+        self._time_major = time_major
         self._workers = layout.num_workers
         # Batches still to build: total_frames is a multiple of frames_per_batch (checked).
         per_batch = num_envs * layout.chunk_steps
@@ -76,6 +80,10 @@ class RolloutBuilder(ChunkBuilder):
     def exhausted(self) -> bool:
         """True once every batch of ``total_frames`` has been built."""
         return self._remaining == 0
+
+    @property
+    def time_major(self) -> bool:
+        return self._time_major
 
     def add_chunk(self, worker: int, slot: int) -> list[tuple[int, int]]:
         """Copy worker ``worker``'s round (slot ``slot``) into its rows of the batch."""
@@ -92,12 +100,19 @@ class RolloutBuilder(ChunkBuilder):
                 f"{first}-{first + k - 1} (counts {counts.tolist()}): on-policy rounds broke"
             )
         rows = slice(first * t, (first + k) * t)
+        if self._time_major:  # [t, k]: step s of env first + j at (s, j)
+            order = order.reshape(k, t).T
         for field in self._fields:
             src = self._ring[field.key][worker, start : start + t].reshape(t * k, *field.shape)
-            np.take(src, order, axis=0, out=self._arrays[field.key][rows], mode="clip")
+            if self._time_major:
+                out = self._arrays[field.key].reshape(t, self._num_envs, *field.shape)
+                np.take(src, order, axis=0, out=out[:, first : first + k], mode="clip")
+            else:
+                np.take(src, order, axis=0, out=self._arrays[field.key][rows], mode="clip")
         self._copied += 1
         if self._copied == self._workers:
-            self._queue((self._num_envs, self._steps))
+            shape = (t, self._num_envs) if self._time_major else (self._num_envs, t)
+            self._queue(shape)
             if self._remaining > 0:
                 self._remaining -= 1
             self._new_batch()
