@@ -102,6 +102,38 @@ def test_weights_that_cannot_all_be_applied_change_nothing(backend):
         assert c.update_policy_weights_({"a": torch.tensor(3.0), "b": torch.tensor(3.0)}) == 1
 
 
+# Values that pass the name, shape and type checks but cannot be copied into the policy
+# as they are (no data, another layout, a dtype the policy's cannot hold).
+UNCOPYABLE = [
+    (lambda: torch.empty((), device="meta"), ValueError, r"weight 'b' is a meta tensor"),
+    (lambda: torch.tensor(3.0).to_sparse(), ValueError, r"weight 'b' has layout torch\.sparse"),
+    (lambda: torch.tensor(3 + 1j), TypeError, r"weight 'b' is torch\.complex64"),
+]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process", "worker"])
+def test_weights_that_cannot_be_copied_change_nothing_and_name_the_weight(backend):
+    """Each bad value comes after a good one ("a" would be copied first): the update is
+    refused whole, naming the weight, on every backend; the policy acts as before."""
+    with AsyncBatchedCollector(
+        counting_envs(2),
+        TwoWeights(),
+        frames_per_batch=16,
+        transport="process_slots",
+        inference_backend=backend,
+        policy_device="cpu",
+    ) as c:
+        next(c)
+        for make, error, match in UNCOPYABLE:
+            with pytest.raises(error, match=match):
+                c.update_policy_weights_({"a": torch.tensor(3.0), "b": make()})
+            assert c.policy_version == 0
+        later = [next(c) for _ in range(3)]
+        assert all(bool((b["action"] == 2).all()) for b in later)  # still round(1 + 1)
+        assert all(bool((b["policy_version"] == 0).all()) for b in later)
+        assert c.update_policy_weights_({"a": torch.tensor(3.0), "b": torch.tensor(3.0)}) == 1
+
+
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_too_few_file_descriptors_is_a_clear_error_and_leaks_none(backend):
     """A low fd limit fails construction half-way through opening the workers' pipes:

@@ -306,8 +306,10 @@ class AsyncBatchedCollector(CollectorFacade):
         Raises:
             CollectorError: when shut down; the background error if collection failed.
             KeyError: when the weights' names are not the policy's (missing or extra).
-            TypeError: when a weight is not a tensor.
-            ValueError: when a weight's shape is not the policy's.
+            TypeError: when a weight is not a tensor, or of a dtype the policy's cannot
+                hold without loss.
+            ValueError: when a weight's shape is not the policy's, or it cannot be
+                copied as it is (a meta or sparse tensor). Nothing has changed then.
             InferenceError: with ``inference_backend="process"``, when the inference
                 process has failed or has not applied the weights of two versions ago
                 within its deadline.

@@ -68,18 +68,24 @@ def check_output(key: Key, src: np.ndarray, dst: np.ndarray) -> None:
         )
 
 
-def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Check new weights against the policy's ``shapes`` by name, before anything changes
-    (both inference backends).
+def check_weights(
+    state_dict: Mapping[str, Any], policy: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+) -> None:
+    """Check new weights against the policy's (``policy``: each weight's shape and dtype,
+    by name) before anything changes: every backend copies them only once this passed,
+    so that no copy can fail half-way through an update (the thread backend would act
+    with some new weights under the old version; the others would leave a slot half
+    written).
 
     Raises:
         KeyError: a name missing, or one the policy lacks.
-        TypeError: a weight that is not a tensor (checked here so that no copy can fail
-            half-way through an update).
-        ValueError: a weight of another shape.
+        TypeError: a weight that is not a tensor, or whose dtype the policy's cannot
+            hold without loss (floats into integers, complex into reals).
+        ValueError: a weight of another shape, or one that cannot be copied as it is:
+            a meta tensor (no data), a sparse or otherwise non-dense one, a quantized one.
     """
-    missing = set(shapes) - set(state_dict)
-    unexpected = set(state_dict) - set(shapes)
+    missing = set(policy) - set(state_dict)
+    unexpected = set(state_dict) - set(policy)
     if missing or unexpected:
         raise KeyError(
             f"weights do not match the policy: missing {sorted(missing)}, "
@@ -89,7 +95,31 @@ def check_weights(state_dict: Mapping[str, Any], shapes: Mapping[str, tuple[int,
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"weight {name!r} is a {type(value).__name__}, not a torch.Tensor")
     for name, value in state_dict.items():
-        if tuple(value.shape) != shapes[name]:
+        shape = policy[name][0]
+        if tuple(value.shape) != shape:
             raise ValueError(
-                f"weight {name!r} has shape {tuple(value.shape)}, the policy's has {shapes[name]}"
+                f"weight {name!r} has shape {tuple(value.shape)}, the policy's has {shape}"
             )
+    for name, value in state_dict.items():
+        _check_copyable(name, value, policy[name][1])
+
+
+def _check_copyable(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+    """``value`` can be copied into a dense tensor of ``dtype`` (``copy_``) as it is."""
+    if value.is_meta:
+        raise ValueError(
+            f"weight {name!r} is a meta tensor: it has a shape but no data to copy "
+            "(load or materialise it first)"
+        )
+    if value.layout != torch.strided:
+        raise ValueError(
+            f"weight {name!r} has layout {value.layout}; the policy's weights are dense "
+            "(torch.strided): pass value.to_dense()"
+        )
+    if value.is_quantized:
+        raise ValueError(f"weight {name!r} is quantized; pass value.dequantize()")
+    if not torch.can_cast(value.dtype, dtype):
+        raise TypeError(
+            f"weight {name!r} is {value.dtype}, the policy's is {dtype}: the copy would "
+            "lose what it holds"
+        )

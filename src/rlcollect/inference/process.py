@@ -244,7 +244,7 @@ class ProcessInference(InferenceBackend):
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         layout = self._config.weights
-        check_weights(state_dict, {name: shape for name, shape, _, _ in layout.entries})
+        check_weights(state_dict, layout.weights())
         self._raise_error()
         version = self._version + 1
         with self._cond:  # the slot is free once version - 2 is applied

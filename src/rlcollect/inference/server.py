@@ -308,11 +308,11 @@ class InferenceServer(InferenceBackend):
             The new policy version.
 
         Raises:
-            KeyError: before changing anything, if the names do not match the policy's.
-            ValueError: before changing anything, if a shape does not match.
+            KeyError, TypeError, ValueError: before changing anything, if the weights
+                do not match the policy's or cannot be copied (``checks.check_weights``).
         """
         target = self._runner.policy.state_dict(keep_vars=True)
-        check_weights(state_dict, {name: tuple(t.shape) for name, t in target.items()})
+        check_weights(state_dict, {n: (tuple(t.shape), t.dtype) for n, t in target.items()})
         with self._weights_lock, torch.no_grad():
             for name, value in state_dict.items():
                 target[name].copy_(value)
