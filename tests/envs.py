@@ -89,6 +89,26 @@ class BadRewardLater(CountingEnv):
         return obs, ("a lot" if self.t >= 4 else reward), term, trunc, info
 
 
+class Unprintable(Exception):
+    """An exception whose ``str()`` and ``repr()`` both raise (a message built from a
+    resource already closed, say)."""
+
+    def __str__(self):
+        raise RuntimeError("str() of this exception fails")
+
+    def __repr__(self):
+        raise RuntimeError("repr() of this exception fails")
+
+
+class RaisesUnprintable(CountingEnv):
+    """Raises an :class:`Unprintable` in its fourth step."""
+
+    def step(self, action):
+        if self.t == 3:
+            raise Unprintable("lost")
+        return super().step(action)
+
+
 class BadFlagLater(CountingEnv):
     """Returns a string as its terminated flag from its fourth step on."""
 

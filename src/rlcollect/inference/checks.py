@@ -15,14 +15,14 @@ naming the output, where numpy would broadcast or truncate it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from rlcollect.transports.layout import Key
 
-__all__ = ["check_output", "check_weights", "scatter_outputs"]
+__all__ = ["check_output", "check_weights", "output_cast", "scatter_outputs"]
 
 
 def scatter_outputs(
@@ -51,21 +51,35 @@ def check_output(key: Key, src: np.ndarray, dst: np.ndarray) -> None:
     """Check a policy output ``[B, ...]`` against the ring field it goes to (``[rows,
     ...]``), by shape per env and by dtype (both backends and the workers' own policy).
 
+    The action is cast to its field's dtype, the action space's, where the kind stays
+    (float64 actions into a float32 ``Box``); every other output keeps the dtype it had
+    when the collector was built, or one that widens into it (:func:`output_cast`).
+
     Raises:
         ValueError: another shape per env than when the collector was built.
-        TypeError: a dtype the field's cannot hold without loss (floats into integers).
+        TypeError: a dtype the field's cannot hold without loss (floats into integers;
+            for an output other than the action, float64 into float32 too).
     """
     if src.shape[1:] != dst.shape[1:]:
         raise ValueError(
             f"policy output {key} has shape {src.shape[1:]} per env, but it had "
             f"{dst.shape[1:]} when the collector was built"
         )
-    if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, "same_kind"):
+    if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, output_cast(key)):
         # numpy's assignment would cast anyway: floats into integers, truncated
         raise TypeError(
             f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when "
             "the collector was built; a cast would lose what it holds"
         )
+
+
+def output_cast(key: Key) -> Literal["same_kind", "safe"]:
+    """The casts allowed from what the policy returns for ``key`` into its ring field
+    (numpy's names): the action is the action space's dtype whatever the policy's
+    arithmetic (``"same_kind"``: no floats into integers); any other output was recorded
+    with the policy's own dtype, so a narrower one later (float64 where it gave float32)
+    would be rounded without a word (``"safe"`` casts only)."""
+    return "same_kind" if key == ("action",) else "safe"
 
 
 def check_weights(

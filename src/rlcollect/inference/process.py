@@ -52,7 +52,6 @@ import signal
 import subprocess
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -77,7 +76,7 @@ from rlcollect.processes import (
     unlink_segment,
     wait_exit,
 )
-from rlcollect.transports.base import RequestChannel
+from rlcollect.transports.base import RequestChannel, text_of, traceback_of
 
 __all__ = ["ProcessInference"]
 
@@ -459,10 +458,10 @@ def _send_error(status: Connection, exc: BaseException) -> None:
         status.send(
             (
                 "error",
-                str(exc)
+                text_of(exc)
                 if isinstance(exc, InferenceError)
-                else f"the inference process failed: {type(exc).__name__}: {exc}",
-                "".join(traceback.format_exception(cause)),
+                else f"the inference process failed: {type(exc).__name__}: {text_of(exc)}",
+                traceback_of(cause),
             )
         )
     except OSError:

@@ -53,7 +53,7 @@ from rlcollect.inference.checks import check_weights, scatter_outputs
 from rlcollect.inference.lock_wait import LockWatch
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
-from rlcollect.transports.base import RequestEnd
+from rlcollect.transports.base import RequestEnd, text_of
 from rlcollect.transports.layout import Key, RingLayout, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
@@ -354,7 +354,9 @@ class InferenceServer(InferenceBackend):
         except ChannelClosed:
             return
         except BaseException as exc:
-            err = InferenceError(f"the inference server failed: {type(exc).__name__}: {exc}")
+            err = InferenceError(
+                f"the inference server failed: {type(exc).__name__}: {text_of(exc)}"
+            )
             err.__cause__ = exc
             self._error = err
             self._end.abort()  # unblocks every worker and the consumer

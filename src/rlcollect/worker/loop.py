@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from rlcollect.errors import EnvError
-from rlcollect.transports.base import WorkerEnd
+from rlcollect.transports.base import WorkerEnd, text_of
 from rlcollect.transports.layout import PROGRESS
 from rlcollect.worker.infos import InfoWriter
 from rlcollect.worker.progress import Progress, Stage
@@ -320,8 +320,10 @@ def _drive(
                     returns[j] += reward[p, j]
                 except (TypeError, ValueError) as exc:
                     raise EnvError(ids[j], "the step results check") from TypeError(
-                        f"env {ids[j]} returned reward={r!r}, terminated={term!r}, "
-                        f"truncated={trunc!r}: a reward must be a real number and the flags "
+                        f"env {ids[j]} returned reward={text_of(r, quoted=True)}, "
+                        f"terminated={text_of(term, quoted=True)}, "
+                        f"truncated={text_of(trunc, quoted=True)}: a reward must be a real "
+                        "number and the flags "
                         f"bools ({exc})"
                     )
                 return_field[p, j] = returns[j]
