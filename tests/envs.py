@@ -109,6 +109,14 @@ class RaisesUnprintable(CountingEnv):
         return super().step(action)
 
 
+class NoneRewardLater(CountingEnv):
+    """Returns ``None`` as its reward from its fourth step on (numpy would store NaN)."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        return obs, (None if self.t >= 4 else reward), term, trunc, info
+
+
 class BadFlagLater(CountingEnv):
     """Returns a string as its terminated flag from its fourth step on."""
 
@@ -162,6 +170,17 @@ def failing_vector():
     fns = [functools.partial(CountingEnv, j) for j in range(3)]
     fns[2] = functools.partial(CountingEnv, 2, fail_at=(0, 4))
     return gym.vector.SyncVectorEnv(fns)
+
+
+class NoneRewardsVector(CountingVectorEnv):
+    """From its fourth result on, returns its rewards as a list of ``None``."""
+
+    def recv(self):
+        obs, reward, term, trunc, info = super().recv()
+        self._results = getattr(self, "_results", 0) + 1
+        if self._results >= 4:
+            reward = [None] * len(reward)
+        return obs, reward, term, trunc, info
 
 
 class LyingIds(CountingVectorEnv):

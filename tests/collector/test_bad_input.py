@@ -6,7 +6,7 @@ import threading
 import gymnasium as gym
 import pytest
 import torch
-from envs import BadFlagLater, BadRewardLater, OtherActions, WrongShape, cartpole
+from envs import BadFlagLater, BadRewardLater, NoneRewardLater, OtherActions, WrongShape, cartpole
 from helpers import CountingPolicy, counting_envs
 
 from rlcollect import AsyncBatchedCollector, WorkerError
@@ -192,6 +192,18 @@ def test_env_step_results_of_the_wrong_kind_name_the_env(transport, env, match):
     c = build(env_fns=fns, transport=transport, total_frames=-1)
     with pytest.raises(WorkerError, match=rf"env 1 returned .*{match}.*real number") as e:
         list(c)
+    assert e.value.env_index == 1
+    assert "the step results check" in str(e.value)
+
+
+def test_a_reward_of_none_is_refused_not_stored_as_nan(transport):
+    """numpy would store None as NaN (and add it to the episode's return): refused like
+    any other reward that is no real number, within a budget the env reaches it in."""
+    fns = [*counting_envs(1), functools.partial(NoneRewardLater, 1)]
+    c = build(env_fns=fns, transport=transport, total_frames=800)
+    with pytest.raises(WorkerError, match=r"env 1 returned reward=None.*real number") as e:
+        for batch in c:
+            assert not batch["next", "reward"].isnan().any(), "None was stored as NaN"
     assert e.value.env_index == 1
     assert "the step results check" in str(e.value)
 

@@ -65,6 +65,18 @@ from rlcollect.worker.vector_loop import vector_loop
 __all__ = ["run_worker"]
 
 _FLAG = (bool, np.bool_, int, np.integer)  # what terminated and truncated may be
+_REAL = (float, int, np.floating, np.integer)  # rewards, at once (else: is_real)
+
+
+def is_real(value: Any) -> bool:
+    """``value`` is one real number as numpy reads it (a bool, an integer, a float, a
+    0-d array of one): not None, a string or a complex, which numpy would store as NaN,
+    parse or refuse."""
+    try:
+        arr = np.asarray(value)
+    except Exception:
+        return False
+    return arr.shape == () and arr.dtype.kind in "biuf"
 
 
 @contextmanager
@@ -310,6 +322,9 @@ def _drive(
                     raise EnvError(ids[j], "step") from exc
                 next_writer.write(p, j, obs, ids[j])
                 try:
+                    # numpy would store None as NaN and parse strings: a real number only
+                    if not isinstance(r, _REAL) and not is_real(r):
+                        raise TypeError(f"a reward of type {type(r).__name__} is no real number")
                     reward[p, j] = r
                     # numpy would take any object as a bool ("no" is True): only flags
                     # that are bools (or integers, as some older envs return) are flags

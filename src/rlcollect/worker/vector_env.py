@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlcollect.errors import EnvError
+from rlcollect.transports.base import text_of
 from rlcollect.worker.progress import Progress, Stage
 from rlcollect.worker.spec import Path, WorkerSpec
 
@@ -104,10 +105,17 @@ class VectorEnvDriver:
 
     def _result(self, obs: Any, reward: Any, term: Any, trunc: Any, info: dict[str, Any]) -> Result:
         rows = len(reward)
+        rewards = np.asarray(reward)
+        if rewards.dtype.kind not in "biuf":  # None would be stored as NaN, strings parsed
+            raise self.fail("the step results check") from TypeError(
+                f"the vector env of envs {self.first}-{self.first + self.n - 1} returned "
+                f"rewards {text_of(reward, quoted=True)} ({rewards.dtype}): rewards must be "
+                "real numbers"
+            )
         return (
             self._ids(info, rows),
             obs,
-            np.asarray(reward),
+            rewards,
             np.asarray(term, dtype=bool),
             np.asarray(trunc, dtype=bool),
             info,
