@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.background import Pausable
+from rlcollect.collector.background import Background, Pausable
 from rlcollect.collector.batches.ahead import PauseBetweenRounds, RoundAhead
 from rlcollect.collector.checks import claim_transport
 from rlcollect.collector.facade import CollectorFacade
@@ -48,8 +48,9 @@ from rlcollect.transports.base import Transport
 __all__ = ["AsyncBatchedCollector"]
 
 # Seconds shutdown waits for the policy_lag helper: the transport is closed by then, and
-# its round's bounded waits end at the next check.
-_AHEAD_JOIN_TIMEOUT = 10.0
+# its round's bounded waits end at the next check. The finalizer waits as long for the
+# background thread, whose waits end at the next check of its stop flag.
+_JOIN_TIMEOUT = 10.0
 
 
 class AsyncBatchedCollector(CollectorFacade):
@@ -253,10 +254,11 @@ class AsyncBatchedCollector(CollectorFacade):
             self.shutdown()
             raise
         # Shuts everything down if the collector is garbage-collected or open at exit: no
-        # part holds a reference back to the collector, so refcounting alone frees it.
-        # The stop flag ends a policy_lag round running in its helper thread at once.
+        # part holds a reference back to the collector (nor does the background thread:
+        # _production), so refcounting alone frees it. The stop flag ends background
+        # collection and a policy_lag round running in its helper thread at once.
         self._finalizer = weakref.finalize(
-            self, _shutdown_parts, plan.transport, self.server, self._background.stopping
+            self, _shutdown_parts, plan.transport, self.server, self._background
         )
         self._chunks = chunk_loop(plan, end, self.server, self._background, program)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
@@ -275,6 +277,10 @@ class AsyncBatchedCollector(CollectorFacade):
             return self._ahead.next()
         return self._chunks.produce()
 
+    def _production(self) -> Callable[[], TensorDict | None]:
+        # The chunk loop and the round ahead never refer back to the collector.
+        return self._chunks.produce if self._ahead is None else self._ahead.next
+
     def _pausable(self) -> Pausable | None:
         if self._ahead is not None and self.server is not None:
             return PauseBetweenRounds(self._ahead, self.server)
@@ -288,7 +294,7 @@ class AsyncBatchedCollector(CollectorFacade):
             self._transport = None
         _shutdown_parts(transport, server)
         if self._ahead is not None:
-            self._ahead.stop(_AHEAD_JOIN_TIMEOUT)  # its round ends with the transport
+            self._ahead.stop(_JOIN_TIMEOUT)  # its round ends with the transport
         if self._finalizer is not None:
             self._finalizer.detach()
 
@@ -365,10 +371,10 @@ class AsyncBatchedCollector(CollectorFacade):
 def _shutdown_parts(
     transport: Transport | None,
     server: InferenceBackend | None,
-    stopping: threading.Event | None = None,
+    background: Background | None = None,
 ) -> None:
-    if stopping is not None:
-        stopping.set()
+    if background is not None:  # the finalizer: background collection ends first
+        background.stop(_JOIN_TIMEOUT)
     if server is not None:
         server.stop()
     if transport is not None:
