@@ -4,6 +4,7 @@ import functools
 import threading
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from envs import BadFlagLater, BadRewardLater, NoneRewardLater, OtherActions, WrongShape, cartpole
@@ -64,6 +65,72 @@ def build(env_fns=None, policy=None, **kwargs):
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         build(**kwargs)
+
+
+# One rule for every numeric keyword: ints (Python or numpy) for counts, real numbers
+# for seconds and ratios, inf only where it means "never", and a ValueError naming the
+# keyword for anything else, raised by the constructor before any part starts.
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"stall_timeout": float("nan")}, "stall_timeout must be a number of seconds > 0"),
+        ({"stall_timeout": np.True_}, "stall_timeout must be a number of seconds > 0"),
+        ({"seed": 2**64}, r"seed must be below 2\*\*64"),
+        ({"seed": 1.0}, "seed must be an int >= 0 or None"),
+        ({"batch_timeout": float("inf")}, "batch_timeout must be finite"),
+        ({"batch_timeout": True}, "batch_timeout must be a number >= 0"),
+        ({"batch_timeout": float("nan")}, "batch_timeout must be a number >= 0"),
+        ({"max_batch_size": 2.0}, "max_batch_size must be a positive int"),
+        ({"min_batch_size": np.float64(1)}, "min_batch_size must be a positive int"),
+        ({"max_worker_restarts": 1.0}, "max_worker_restarts must be an int >= 0"),
+        ({"learning_starts": 0.5, "train_ratio": 1.0}, "learning_starts must be an int >= 0"),
+        ({"on_policy": True, "policy_lag": 1.0}, "policy_lag must be 0"),
+        ({"on_policy": True, "policy_lag": np.True_}, "policy_lag must be 0"),
+        (
+            {"frames_per_batch": 10**12, "total_frames": -1},
+            r"frames_per_batch=1000000000000: .* GiB, but .* GiB of memory available",
+        ),
+    ],
+)
+def test_every_numeric_keyword_follows_one_rule(kwargs, match):
+    if "train_ratio" in kwargs:
+        from rlcollect import ReplayBuffer
+
+        kwargs["replay_buffer"] = ReplayBuffer(100)
+    with pytest.raises(ValueError, match=match):
+        build(transport="thread", **kwargs)
+
+
+def test_numpy_numbers_and_an_endless_stall_timeout_are_accepted():
+    """numpy integers wherever an int goes, numpy floats and bools wherever a number or
+    a flag goes, ``stall_timeout=inf`` (no bound, as None), the largest 64-bit seed."""
+    kwargs = {
+        "frames_per_batch": np.int64(8),
+        "total_frames": np.int32(16),
+        "envs_per_worker": np.int64(2),
+        "worker_splits": np.int64(1),
+        "transition_chunk_size": np.int64(4),
+        "max_batch_size": np.int64(4),
+        "min_batch_size": np.int64(1),
+        "batch_timeout": np.float32(1e-3),
+        "seed": np.uint64(2**64 - 1),
+        "max_worker_restarts": np.int64(0),
+        "stall_timeout": float("inf"),
+        "store_recurrent_state": np.True_,
+        "cuda_graph": np.False_,
+        "compile": np.False_,
+    }
+    with build(transport="thread", **kwargs) as c:
+        data = torch.cat(list(c))
+    assert data.batch_size[0] == 16
+    assert type(c.frames_per_batch) is int and type(c.total_frames) is int
+    assert type(c.transition_chunk_size) is int and c.transition_chunk_size == 4
+
+
+def test_numpy_flags_and_ints_for_on_policy_rounds():
+    with build(transport="thread", on_policy=np.True_, policy_lag=np.int64(1)) as c:
+        assert c.policy_lag == 1 and type(c.policy_lag) is int
+        assert all(b.batch_size[0] == 4 for b in c)  # [num_envs, T] = [4, 2]
 
 
 def test_unknown_keyword_and_positional_configuration():

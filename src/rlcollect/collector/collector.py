@@ -65,7 +65,9 @@ class AsyncBatchedCollector(CollectorFacade):
     by ``(env_index, episode, step)`` to read one env's stream. With ``on_policy=True``
     a batch is ``[num_envs, T]`` instead: row ``e`` is env ``e``'s next ``T`` steps, all
     computed with the weights current when the batch was asked for. Every argument, in
-    detail: ``docs/usage.md``.
+    detail: ``docs/usage.md``. A count takes an int (numpy's too), a number of seconds
+    or a ratio a real number; anything else is a ``ValueError`` naming the keyword,
+    raised before any part starts (``docs/failures.md``, *Bad input*).
 
     Args:
         env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
@@ -93,7 +95,7 @@ class AsyncBatchedCollector(CollectorFacade):
             env, 1 to 64).
         max_batch_size: most observations per policy call (default: every env).
         min_batch_size: observations the server waits for before a call ...
-        batch_timeout: ... but never longer than this many seconds.
+        batch_timeout: ... but never longer than this many seconds (finite).
         policy_device: where the policy runs; default ``"cuda"`` when available.
         compile: ``True``, or a dict of ``torch.compile`` options (CUDA only).
         cuda_graph: capture the action step as a CUDA graph per padded batch size.
@@ -107,14 +109,15 @@ class AsyncBatchedCollector(CollectorFacade):
             counts its rows: :class:`rlcollect.replay.CountingBuffer`).
         learning_starts: rows collected before the ``train_ratio`` wait begins.
         seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
-            is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
+            is seeded with it (``docs/usage.md``, *Reproducibility*); below ``2**64``;
+            None: unseeded.
         max_worker_restarts: failed workers restarted in all before an error is raised.
         stall_timeout: seconds an env's construction, ``reset()`` or ``step()`` may run,
             and a worker process may stay stopped, before a :class:`WorkerError` naming
             the env, the worker, the stage and how long (a restart under
             ``max_worker_restarts``); the first batch waits for every env's first
-            observation at most half of it after the first came. None: no bound
-            (``docs/failures.md``, *Stalls*).
+            observation at most half of it after the first came. None (or
+            ``float("inf")``): no bound (``docs/failures.md``, *Stalls*).
         store_recurrent_state: with a recurrent policy (one with ``initial_state()``),
             every transition carries ``recurrent_state``, the state its action was
             computed from; False leaves it out (large states). ``is_init`` is always there.
@@ -233,8 +236,8 @@ class AsyncBatchedCollector(CollectorFacade):
         # Every keyword above is a field of Options (options.py): one definition of each.
         plan = plan_collection(env_fns, policy, Options.of(locals()))
         self.num_envs = plan.num_envs
-        self.frames_per_batch = frames_per_batch
-        self.total_frames = total_frames
+        self.frames_per_batch = plan.options.frames_per_batch  # a Python int, checked
+        self.total_frames = plan.options.total_frames
         self.envs_per_worker = plan.envs_per_worker
         self.worker_splits = plan.layout.splits
         self.transition_chunk_size = plan.transition_chunk_size

@@ -47,7 +47,7 @@ import ray
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector import checks
+from rlcollect.collector import checks, values
 from rlcollect.collector.background import POLL, Throttle
 from rlcollect.collector.facade import CollectorFacade
 from rlcollect.collector.lifecycle import Stage
@@ -163,9 +163,7 @@ class RayCollector(CollectorFacade):
             driver_kwargs.get("learning_starts", 0),
             self._replay_buffer,
         )
-        seed = driver_kwargs.get("seed", 0)
-        if seed is not None:
-            checks.check_int("seed", seed, minimum=0, extra="or None")
+        seed = values.seed_of(driver_kwargs.get("seed", 0))
         self.num_collectors = num_collectors
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
