@@ -253,6 +253,22 @@ class CrashOnce(CountingEnv):
         return super().step(action)
 
 
+class CrashWhen(CountingEnv):
+    """A CountingEnv that raises in its next step once the file ``trigger`` exists
+    (the test renames a file there: a rename opens no descriptor)."""
+
+    def __init__(self, env_id, trigger):
+        super().__init__(env_id)
+        self.trigger = trigger
+
+    def step(self, action):
+        import os
+
+        if os.path.exists(self.trigger):
+            raise RuntimeError(f"CrashWhen {self.env_id} crashed on purpose")
+        return super().step(action)
+
+
 # Released by tests that run HangOnce in worker threads, so that no thread stays blocked.
 RELEASE_HANGS = __import__("threading").Event()
 

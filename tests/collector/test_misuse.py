@@ -8,9 +8,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from envs import CrashWhen
 from helpers import CountingPolicy, check_clean, counting_envs, wait_until
 
 from rlcollect import AsyncBatchedCollector, CollectorError
+from rlcollect.errors import WorkerRestartWarning
 from rlcollect.testing import CountingEnv
 from rlcollect.transports import ProcessSlotTransport, ThreadQueueTransport
 
@@ -171,6 +173,46 @@ def test_too_few_file_descriptors_is_a_clear_error_and_leaks_none(backend):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert fds() == before
+
+
+def test_too_few_file_descriptors_at_a_restart_is_a_clear_error(tmp_path):
+    """A worker restart that runs out of descriptors fails as start-up does: a
+    CollectorError naming the limit and the remedy, not a bare OSError; the descriptors
+    the restart had opened are closed again, and so is everything else by shutdown."""
+    import gc
+    import os
+    import resource
+
+    armed, trigger = tmp_path / "armed", tmp_path / "crash"
+    armed.touch()
+    fns = [*counting_envs(1), functools.partial(CrashWhen, 1, str(trigger))]
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        policy_device="cpu",
+        transport="process_slots",
+        max_worker_restarts=1,
+        stall_timeout=None,  # the stall watch reads /proc files: nothing opens here
+    )
+    next(c)
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    lowest_free = os.dup(0)  # every descriptor below it is open
+    os.close(lowest_free)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # none can open
+    try:
+        os.rename(armed, trigger)  # env 1 crashes at its next step
+        expected = r"ran out of file descriptors restarting worker 1 .*ulimit -n"
+        with pytest.raises(CollectorError, match=expected), pytest.warns(WorkerRestartWarning):
+            for _ in range(10_000):  # the crash comes at the next step of env 1
+                next(c)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    check_clean(c)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) < before  # the workers' pipes closed, none leaked
 
 
 def resident_kib(name):
