@@ -117,6 +117,48 @@ class NoneRewardLater(CountingEnv):
         return obs, (None if self.t >= 4 else reward), term, trunc, info
 
 
+class FarObservationLater(gym.Env):
+    """A float32 observation space, float64 observations: from step 3 on one holds 1e300,
+    beyond float32's range (numpy's cast would store inf)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, env_id=0):
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(2, np.float64), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([self.t, 1e300 if self.t >= 3 else 0.5])
+        return obs, 1.0, False, self.t >= 50, {}
+
+
+class _Float64Observations(gym.vector.VectorObservationWrapper):
+    """Hands out a vector env's observations as float64, one value beyond float32's
+    range from the third step on (SyncVectorEnv itself stores its sub-envs' in the
+    space's dtype)."""
+
+    steps = 0
+
+    def observations(self, observations):
+        out = np.asarray(observations, np.float64)
+        if self.steps >= 3:
+            out[:, 1] = 1e300
+        self.steps += 1
+        return out
+
+
+def far_observation_vector():
+    """Two float32-space envs, stepped together, whose observations come as float64."""
+    return _Float64Observations(
+        gym.vector.SyncVectorEnv([FarObservationLater, FarObservationLater])
+    )
+
+
 class BadFlagLater(CountingEnv):
     """Returns a string as its terminated flag from its fourth step on."""
 

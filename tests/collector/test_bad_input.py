@@ -7,7 +7,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from envs import BadFlagLater, BadRewardLater, NoneRewardLater, OtherActions, WrongShape, cartpole
+from envs import (
+    BadFlagLater,
+    BadRewardLater,
+    FarObservationLater,
+    NoneRewardLater,
+    OtherActions,
+    WrongShape,
+    cartpole,
+    far_observation_vector,
+)
 from helpers import CountingPolicy, counting_envs
 
 from rlcollect import AsyncBatchedCollector, WorkerError
@@ -273,6 +282,28 @@ def test_a_reward_of_none_is_refused_not_stored_as_nan(transport):
             assert not batch["next", "reward"].isnan().any(), "None was stored as NaN"
     assert e.value.env_index == 1
     assert "the step results check" in str(e.value)
+
+
+class ZeroPolicy(torch.nn.Module):
+    def forward(self, observation):
+        return torch.zeros(len(observation), dtype=torch.int64)
+
+
+def test_an_observation_beyond_its_spaces_dtype_is_refused_not_stored_as_inf(transport):
+    """A float64 observation for a float32 space is cast, as numpy does, unless a value
+    would turn into inf: then the env is named, never an inf stored without a word."""
+    fns = [functools.partial(FarObservationLater, i) for i in range(2)]
+    c = build(env_fns=fns, policy=ZeroPolicy(), transport=transport, total_frames=800)
+    with pytest.raises(WorkerError, match=r"env \d returned an observation .*1e\+300.* inf"):
+        for batch in c:
+            assert batch["next", "observation"].isfinite().all(), "an inf was stored"
+
+
+def test_a_vector_envs_observation_beyond_its_spaces_dtype_is_refused():
+    c = build(env_fns=[far_observation_vector], policy=ZeroPolicy(), total_frames=800)
+    with pytest.raises(WorkerError, match=r"observation .*1e\+300.* inf"):
+        for batch in c:
+            assert batch["next", "observation"].isfinite().all(), "an inf was stored"
 
 
 def _vector_env_with(**attributes):

@@ -56,6 +56,7 @@ import numpy as np
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd, text_of
 from rlcollect.transports.layout import PROGRESS
+from rlcollect.worker.casts import cast_loss
 from rlcollect.worker.infos import InfoWriter
 from rlcollect.worker.progress import Progress, Stage
 from rlcollect.worker.source import Source, describe
@@ -112,11 +113,17 @@ class _ObservationWriter:
             if arr.dtype == dtype:  # the usual case: a plain copy, half copyto's cost
                 dst[position, env] = arr
                 continue
+            cell = dst[position, env, ...]  # a (0-d) view for scalar observations too
             try:
-                # `[position, env, ...]` stays a (0-d) view for scalar observations (Discrete)
-                np.copyto(dst[position, env, ...], arr, casting="same_kind")
+                np.copyto(cell, arr, casting="same_kind")
             except TypeError as exc:
                 raise EnvError(env_index, "the observation check") from exc
+            lost = cast_loss(arr, cell)
+            if lost is not None:
+                where = "observation" + "".join(f"[{n!r}]" for n in path)
+                raise EnvError(env_index, "the observation check") from ValueError(
+                    f"env {env_index} returned an {where} {lost}"
+                )
 
 
 def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
