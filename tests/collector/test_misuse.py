@@ -71,6 +71,55 @@ def test_two_threads_iterating_one_collector_one_is_refused():
     assert "another thread is iterating this collector" in refused
 
 
+@pytest.mark.parametrize(
+    ("transport", "on_policy"),
+    [("thread", False), ("thread", True), ("process_slots", False), ("process_slots", True)],
+)
+def test_shutdown_from_another_thread_ends_a_waiting_next_with_the_public_error(
+    transport, on_policy
+):
+    """next() under way (waiting for a batch, or between batches) when another thread
+    shuts the collector down raises CollectorError itself, saying so: never the
+    collector's internal stop signal, nor what the closed parts raised."""
+    gate = threading.Event()  # thread transport: no env steps before the shutdown
+    fns = counting_envs(2)
+    if transport == "thread":
+        fns = [functools.partial(Gated, i, gate) for i in range(2)]
+    kwargs = {"on_policy": True, "policy_lag": 1} if on_policy else {}
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        transport=transport,
+        policy_device="cpu",
+        **kwargs,
+    )
+    outcome: dict[str, BaseException] = {}
+    iterating = threading.Event()
+
+    def take():
+        iterating.set()
+        try:
+            for _ in range(100_000):
+                next(c)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    try:
+        assert iterating.wait(30)
+        c.shutdown()
+    finally:
+        gate.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    error = outcome["error"]
+    assert type(error) is CollectorError, repr(error)
+    assert "shut down" in str(error)
+    check_clean(c)
+
+
 class TwoWeights(torch.nn.Module):
     """The action is round(a + b): an update of either weight shows in every action."""
 

@@ -103,8 +103,16 @@ class CollectorFacade(abc.ABC):
         with self._background.iterating():
             try:
                 batch = self._produce()
-            except BaseException:
+            except BaseException as exc:
+                # Shut down under this call, by shutdown() from another thread: whatever
+                # the closing parts raised (the stop signal, a closed transport) is that.
+                shut_down = self._background.stopping.is_set() and isinstance(exc, Exception)
                 self.shutdown()
+                if shut_down:
+                    raise CollectorError(
+                        "the collector was shut down (by shutdown() from another thread) "
+                        "while next() waited for its batch"
+                    ) from exc
                 raise
         if batch is None:
             self.shutdown()
