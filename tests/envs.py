@@ -159,6 +159,27 @@ def far_observation_vector():
     )
 
 
+class _Lenient(gym.spaces.Discrete):
+    def contains(self, x):
+        return True
+
+
+class TrustingEnv(CountingEnv):
+    """A CountingEnv that takes any action, as many envs do (they index a table with
+    it): its observation's last_action shows what reached it."""
+
+    def __init__(self, env_id):
+        super().__init__(env_id)
+        self.action_space = _Lenient(5)
+
+
+def trusting_vector(first=0):
+    """A SyncVectorEnv of two TrustingEnvs."""
+    import functools
+
+    return gym.vector.SyncVectorEnv([functools.partial(TrustingEnv, first + j) for j in range(2)])
+
+
 class BadFlagLater(CountingEnv):
     """Returns a string as its terminated flag from its fourth step on."""
 

@@ -13,9 +13,11 @@ from envs import (
     FarObservationLater,
     NoneRewardLater,
     OtherActions,
+    TrustingEnv,
     WrongShape,
     cartpole,
     far_observation_vector,
+    trusting_vector,
 )
 from helpers import CountingPolicy, counting_envs
 
@@ -304,6 +306,48 @@ def test_a_vector_envs_observation_beyond_its_spaces_dtype_is_refused():
     with pytest.raises(WorkerError, match=r"observation .*1e\+300.* inf"):
         for batch in c:
             assert batch["next", "observation"].isfinite().all(), "an inf was stored"
+
+
+class PastTheSpaceLater(CountingPolicy):
+    """From its third call on, chooses actions 5 to 9 for a Discrete(5) space."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, obs):
+        out = super().forward(obs)
+        self.calls += 1
+        if self.calls >= 3:
+            out["action"] = out["action"] + 5
+        return out
+
+
+@pytest.mark.parametrize(
+    ("transport", "backend", "vector"),
+    [
+        ("thread", "thread", False),
+        ("process_slots", "thread", False),
+        ("process_slots", "worker", False),
+        ("thread", "thread", True),
+    ],
+)
+def test_an_action_outside_the_action_space_never_reaches_the_env(transport, backend, vector):
+    fns = [functools.partial(TrustingEnv, i) for i in range(2)]
+    if vector:
+        fns = [trusting_vector]
+    c = build(
+        env_fns=fns,
+        policy=PastTheSpaceLater(),
+        transport=transport,
+        inference_backend=backend,
+        total_frames=800,
+    )
+    match = r"the policy chose action [5-9] for .*, outside its action space Discrete\(5\)"
+    with pytest.raises(WorkerError, match=match) as e:
+        for batch in c:
+            assert (batch["next", "observation"][:, 3] < 5).all(), "the env got the action"
+    assert "the action check" in str(e.value)
 
 
 def _vector_env_with(**attributes):

@@ -47,15 +47,18 @@ waits for the go-ahead of the first round before its first request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from rlcollect.errors import EnvError
 from rlcollect.transports.base import WorkerEnd, text_of
 from rlcollect.transports.layout import PROGRESS
+from rlcollect.worker.actions import action_bounds, outside, outside_error
 from rlcollect.worker.casts import cast_loss
 from rlcollect.worker.infos import InfoWriter
 from rlcollect.worker.progress import Progress, Stage
@@ -300,6 +303,7 @@ def _drive(
     splits, steps, on_policy = spec.splits, spec.chunk_steps, spec.on_policy
     positions = steps * spec.slots
     members, discrete = split.members, spec.discrete_actions
+    low, high, fits = _action_check(spec.source.action_space)  # before an env sees it
     ids, episode, step_count, returns = counts.ids, counts.episode, counts.step, counts.returns
     action, next_writer, infos = ring.action, ring.next_observation, ring.infos
     reward, terminated, truncated = ring.reward, ring.terminated, ring.truncated
@@ -320,6 +324,8 @@ def _drive(
             for j in members[g]:
                 env = envs[j]
                 a = int(actions[j]) if discrete else actions[j]
+                if not (low <= a <= high if discrete else fits(a)):
+                    raise _outside(ids[j], a, spec.source.action_space)
                 # try/except, not a context manager: this runs once per env step.
                 try:
                     enter(STEP, ids[j])
@@ -329,8 +335,7 @@ def _drive(
                     raise EnvError(ids[j], "step") from exc
                 next_writer.write(p, j, obs, ids[j])
                 try:
-                    # numpy would store None as NaN and parse strings: a real number only
-                    if not isinstance(r, _REAL) and not is_real(r):
+                    if not isinstance(r, _REAL) and not is_real(r):  # None: NaN in numpy
                         raise TypeError(f"a reward of type {type(r).__name__} is no real number")
                     reward[p, j] = r
                     # numpy would take any object as a bool ("no" is True): only flags
@@ -374,6 +379,23 @@ def _drive(
             for g in range(splits):
                 request(nxt, g)
         p = nxt
+
+
+def _action_check(space: Any) -> tuple[float, float, Callable[[Any], bool]]:
+    """How the loop checks an action against ``space`` (``actions.py``): a ``Discrete``
+    action by its bounds (two comparisons), any other by ``fits``."""
+    bounds = action_bounds(space)
+    if isinstance(space, spaces.Discrete) and bounds is not None:
+        return bounds[0], bounds[1], lambda a: True
+    if bounds is None:
+        return -math.inf, math.inf, lambda a: True
+    return -math.inf, math.inf, lambda a: not outside(np.asarray(a)[None], bounds)[0]
+
+
+def _outside(env_index: int, action: Any, space: Any) -> EnvError:
+    error = EnvError(env_index, "the action check")
+    error.__cause__ = outside_error(action, f"env {env_index}", space)
+    return error
 
 
 def _hand_over(end: WorkerEnd, g: int, splits: int, p: int, steps: int, nxt: int) -> int:
