@@ -89,6 +89,97 @@ class BadRewardLater(CountingEnv):
         return obs, ("a lot" if self.t >= 4 else reward), term, trunc, info
 
 
+class Unprintable(Exception):
+    """An exception whose ``str()`` and ``repr()`` both raise (a message built from a
+    resource already closed, say)."""
+
+    def __str__(self):
+        raise RuntimeError("str() of this exception fails")
+
+    def __repr__(self):
+        raise RuntimeError("repr() of this exception fails")
+
+
+class RaisesUnprintable(CountingEnv):
+    """Raises an :class:`Unprintable` in its fourth step."""
+
+    def step(self, action):
+        if self.t == 3:
+            raise Unprintable("lost")
+        return super().step(action)
+
+
+class NoneRewardLater(CountingEnv):
+    """Returns ``None`` as its reward from its fourth step on (numpy would store NaN)."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        return obs, (None if self.t >= 4 else reward), term, trunc, info
+
+
+class FarObservationLater(gym.Env):
+    """A float32 observation space, float64 observations: from step 3 on one holds 1e300,
+    beyond float32's range (numpy's cast would store inf)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, env_id=0):
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(2, np.float64), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([self.t, 1e300 if self.t >= 3 else 0.5])
+        return obs, 1.0, False, self.t >= 50, {}
+
+
+class _Float64Observations(gym.vector.VectorObservationWrapper):
+    """Hands out a vector env's observations as float64, one value beyond float32's
+    range from the third step on (SyncVectorEnv itself stores its sub-envs' in the
+    space's dtype)."""
+
+    steps = 0
+
+    def observations(self, observations):
+        out = np.asarray(observations, np.float64)
+        if self.steps >= 3:
+            out[:, 1] = 1e300
+        self.steps += 1
+        return out
+
+
+def far_observation_vector():
+    """Two float32-space envs, stepped together, whose observations come as float64."""
+    return _Float64Observations(
+        gym.vector.SyncVectorEnv([FarObservationLater, FarObservationLater])
+    )
+
+
+class _Lenient(gym.spaces.Discrete):
+    def contains(self, x):
+        return True
+
+
+class TrustingEnv(CountingEnv):
+    """A CountingEnv that takes any action, as many envs do (they index a table with
+    it): its observation's last_action shows what reached it."""
+
+    def __init__(self, env_id):
+        super().__init__(env_id)
+        self.action_space = _Lenient(5)
+
+
+def trusting_vector(first=0):
+    """A SyncVectorEnv of two TrustingEnvs."""
+    import functools
+
+    return gym.vector.SyncVectorEnv([functools.partial(TrustingEnv, first + j) for j in range(2)])
+
+
 class BadFlagLater(CountingEnv):
     """Returns a string as its terminated flag from its fourth step on."""
 
@@ -142,6 +233,17 @@ def failing_vector():
     fns = [functools.partial(CountingEnv, j) for j in range(3)]
     fns[2] = functools.partial(CountingEnv, 2, fail_at=(0, 4))
     return gym.vector.SyncVectorEnv(fns)
+
+
+class NoneRewardsVector(CountingVectorEnv):
+    """From its fourth result on, returns its rewards as a list of ``None``."""
+
+    def recv(self):
+        obs, reward, term, trunc, info = super().recv()
+        self._results = getattr(self, "_results", 0) + 1
+        if self._results >= 4:
+            reward = [None] * len(reward)
+        return obs, reward, term, trunc, info
 
 
 class LyingIds(CountingVectorEnv):
@@ -211,6 +313,22 @@ class CrashOnce(CountingEnv):
     def step(self, action):
         if not self.in_reset and (self.episode, self.t) == self.at:
             self._crash("step")
+        return super().step(action)
+
+
+class CrashWhen(CountingEnv):
+    """A CountingEnv that raises in its next step once the file ``trigger`` exists
+    (the test renames a file there: a rename opens no descriptor)."""
+
+    def __init__(self, env_id, trigger):
+        super().__init__(env_id)
+        self.trigger = trigger
+
+    def step(self, action):
+        import os
+
+        if os.path.exists(self.trigger):
+            raise RuntimeError(f"CrashWhen {self.env_id} crashed on purpose")
         return super().step(action)
 
 

@@ -51,6 +51,7 @@ import errno
 import mmap
 import os
 import pickle
+import resource
 import secrets
 import signal
 import subprocess
@@ -73,6 +74,7 @@ __all__ = [
     "describe_exit",
     "lend_pages",
     "map_every_page",
+    "out_of_descriptors",
     "read_handoff",
     "release_mapping",
     "shm_free_bytes",
@@ -81,6 +83,22 @@ __all__ = [
     "unlink_segment",
     "wait_exit",
 ]
+
+
+def out_of_descriptors(exc: BaseException, doing: str) -> CollectorError | None:
+    """The error to raise for ``exc`` when it is this process running out of file
+    descriptors while ``doing`` (``"starting 8 workers"``, ``"restarting worker 1"``):
+    it names the limit and the remedies; None for any other exception."""
+    if not isinstance(exc, OSError) or exc.errno != errno.EMFILE:
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return CollectorError(
+        f"ran out of file descriptors {doing} (this process may open {limit}; a worker "
+        "process takes about 5 here): raise the limit (ulimit -n, or "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or put more envs in each "
+        "worker (envs_per_worker)"
+    )
+
 
 _SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 _SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux

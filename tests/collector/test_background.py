@@ -13,6 +13,8 @@ from helpers import (
     check_counting_streams,
     counting_collector,
     counting_envs,
+    process_gone,
+    shm_exists,
     streams,
     wait_until,
 )
@@ -159,6 +161,34 @@ def test_error_in_the_with_block_keeps_the_background_error_as_a_note(transport)
         wait_until(lambda: c.background_done, what="background collection to fail")
         raise KeyError("the caller's own error")
     assert any("background collection had failed too" in n for n in info.value.__notes__)
+
+
+@pytest.mark.parametrize("throttled", [False, True], ids=["free", "throttled"])
+def test_a_collector_dropped_while_collecting_in_the_background_shuts_down(throttled):
+    """The background thread holds no reference to its collector: dropping the last one
+    collects it, and with it go its thread, workers and ring. Throttled, the thread
+    waits for a learner that never samples (inside a batch) when it is dropped."""
+    import gc
+
+    from rlcollect import ReplayBuffer
+
+    rb = ReplayBuffer(100_000, seed=0)
+    extra = {"train_ratio": 1.0} if throttled else {}
+    c = counting_collector(
+        "process_slots", replay_buffer=rb, total_frames=-1, frames_per_batch=32, **extra
+    )
+    before = set(threading.enumerate())
+    c.start()
+    wait_until(lambda: len(rb) >= 32, what="a batch in the buffer")
+    transport = c.transport
+    (thread,) = [
+        t for t in threading.enumerate() if t not in before and t.name == "rlcollect-collector"
+    ]
+    del c
+    gc.collect()
+    wait_until(lambda: not thread.is_alive(), what="the background thread to end")
+    wait_until(lambda: all(process_gone(p) for p in transport.pids), what="worker processes")
+    assert not shm_exists(transport.shm_name)
 
 
 # ------------------------------------------------------------------ train ratio

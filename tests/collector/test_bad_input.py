@@ -4,9 +4,21 @@ import functools
 import threading
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
-from envs import BadFlagLater, BadRewardLater, OtherActions, WrongShape, cartpole
+from envs import (
+    BadFlagLater,
+    BadRewardLater,
+    FarObservationLater,
+    NoneRewardLater,
+    OtherActions,
+    TrustingEnv,
+    WrongShape,
+    cartpole,
+    far_observation_vector,
+    trusting_vector,
+)
 from helpers import CountingPolicy, counting_envs
 
 from rlcollect import AsyncBatchedCollector, WorkerError
@@ -64,6 +76,72 @@ def build(env_fns=None, policy=None, **kwargs):
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         build(**kwargs)
+
+
+# One rule for every numeric keyword: ints (Python or numpy) for counts, real numbers
+# for seconds and ratios, inf only where it means "never", and a ValueError naming the
+# keyword for anything else, raised by the constructor before any part starts.
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"stall_timeout": float("nan")}, "stall_timeout must be a number of seconds > 0"),
+        ({"stall_timeout": np.True_}, "stall_timeout must be a number of seconds > 0"),
+        ({"seed": 2**64}, r"seed must be below 2\*\*64"),
+        ({"seed": 1.0}, "seed must be an int >= 0 or None"),
+        ({"batch_timeout": float("inf")}, "batch_timeout must be finite"),
+        ({"batch_timeout": True}, "batch_timeout must be a number >= 0"),
+        ({"batch_timeout": float("nan")}, "batch_timeout must be a number >= 0"),
+        ({"max_batch_size": 2.0}, "max_batch_size must be a positive int"),
+        ({"min_batch_size": np.float64(1)}, "min_batch_size must be a positive int"),
+        ({"max_worker_restarts": 1.0}, "max_worker_restarts must be an int >= 0"),
+        ({"learning_starts": 0.5, "train_ratio": 1.0}, "learning_starts must be an int >= 0"),
+        ({"on_policy": True, "policy_lag": 1.0}, "policy_lag must be 0"),
+        ({"on_policy": True, "policy_lag": np.True_}, "policy_lag must be 0"),
+        (
+            {"frames_per_batch": 10**12, "total_frames": -1},
+            r"frames_per_batch=1000000000000: .* GiB, but .* GiB of memory available",
+        ),
+    ],
+)
+def test_every_numeric_keyword_follows_one_rule(kwargs, match):
+    if "train_ratio" in kwargs:
+        from rlcollect import ReplayBuffer
+
+        kwargs["replay_buffer"] = ReplayBuffer(100)
+    with pytest.raises(ValueError, match=match):
+        build(transport="thread", **kwargs)
+
+
+def test_numpy_numbers_and_an_endless_stall_timeout_are_accepted():
+    """numpy integers wherever an int goes, numpy floats and bools wherever a number or
+    a flag goes, ``stall_timeout=inf`` (no bound, as None), the largest 64-bit seed."""
+    kwargs = {
+        "frames_per_batch": np.int64(8),
+        "total_frames": np.int32(16),
+        "envs_per_worker": np.int64(2),
+        "worker_splits": np.int64(1),
+        "transition_chunk_size": np.int64(4),
+        "max_batch_size": np.int64(4),
+        "min_batch_size": np.int64(1),
+        "batch_timeout": np.float32(1e-3),
+        "seed": np.uint64(2**64 - 1),
+        "max_worker_restarts": np.int64(0),
+        "stall_timeout": float("inf"),
+        "store_recurrent_state": np.True_,
+        "cuda_graph": np.False_,
+        "compile": np.False_,
+    }
+    with build(transport="thread", **kwargs) as c:
+        data = torch.cat(list(c))
+    assert data.batch_size[0] == 16
+    assert type(c.frames_per_batch) is int and type(c.total_frames) is int
+    assert type(c.transition_chunk_size) is int and c.transition_chunk_size == 4
+
+
+def test_numpy_flags_and_ints_for_on_policy_rounds():
+    with build(transport="thread", on_policy=np.True_, policy_lag=np.int64(1)) as c:
+        assert c.policy_lag == 1 and type(c.policy_lag) is int
+        assert all(b.batch_size[0] == 4 for b in c)  # [num_envs, T] = [4, 2]
 
 
 def test_unknown_keyword_and_positional_configuration():
@@ -194,6 +272,82 @@ def test_env_step_results_of_the_wrong_kind_name_the_env(transport, env, match):
         list(c)
     assert e.value.env_index == 1
     assert "the step results check" in str(e.value)
+
+
+def test_a_reward_of_none_is_refused_not_stored_as_nan(transport):
+    """numpy would store None as NaN (and add it to the episode's return): refused like
+    any other reward that is no real number, within a budget the env reaches it in."""
+    fns = [*counting_envs(1), functools.partial(NoneRewardLater, 1)]
+    c = build(env_fns=fns, transport=transport, total_frames=800)
+    with pytest.raises(WorkerError, match=r"env 1 returned reward=None.*real number") as e:
+        for batch in c:
+            assert not batch["next", "reward"].isnan().any(), "None was stored as NaN"
+    assert e.value.env_index == 1
+    assert "the step results check" in str(e.value)
+
+
+class ZeroPolicy(torch.nn.Module):
+    def forward(self, observation):
+        return torch.zeros(len(observation), dtype=torch.int64)
+
+
+def test_an_observation_beyond_its_spaces_dtype_is_refused_not_stored_as_inf(transport):
+    """A float64 observation for a float32 space is cast, as numpy does, unless a value
+    would turn into inf: then the env is named, never an inf stored without a word."""
+    fns = [functools.partial(FarObservationLater, i) for i in range(2)]
+    c = build(env_fns=fns, policy=ZeroPolicy(), transport=transport, total_frames=800)
+    with pytest.raises(WorkerError, match=r"env \d returned an observation .*1e\+300.* inf"):
+        for batch in c:
+            assert batch["next", "observation"].isfinite().all(), "an inf was stored"
+
+
+def test_a_vector_envs_observation_beyond_its_spaces_dtype_is_refused():
+    c = build(env_fns=[far_observation_vector], policy=ZeroPolicy(), total_frames=800)
+    with pytest.raises(WorkerError, match=r"observation .*1e\+300.* inf"):
+        for batch in c:
+            assert batch["next", "observation"].isfinite().all(), "an inf was stored"
+
+
+class PastTheSpaceLater(CountingPolicy):
+    """From its third call on, chooses actions 5 to 9 for a Discrete(5) space."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, obs):
+        out = super().forward(obs)
+        self.calls += 1
+        if self.calls >= 3:
+            out["action"] = out["action"] + 5
+        return out
+
+
+@pytest.mark.parametrize(
+    ("transport", "backend", "vector"),
+    [
+        ("thread", "thread", False),
+        ("process_slots", "thread", False),
+        ("process_slots", "worker", False),
+        ("thread", "thread", True),
+    ],
+)
+def test_an_action_outside_the_action_space_never_reaches_the_env(transport, backend, vector):
+    fns = [functools.partial(TrustingEnv, i) for i in range(2)]
+    if vector:
+        fns = [trusting_vector]
+    c = build(
+        env_fns=fns,
+        policy=PastTheSpaceLater(),
+        transport=transport,
+        inference_backend=backend,
+        total_frames=800,
+    )
+    match = r"the policy chose action [5-9] for .*, outside its action space Discrete\(5\)"
+    with pytest.raises(WorkerError, match=match) as e:
+        for batch in c:
+            assert (batch["next", "observation"][:, 3] < 5).all(), "the env got the action"
+    assert "the action check" in str(e.value)
 
 
 def _vector_env_with(**attributes):

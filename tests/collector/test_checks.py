@@ -2,9 +2,17 @@
 
 import os
 
+import numpy as np
 import pytest
 
-from rlcollect.collector.checks import cgroup_cpu_quota, envs_per_worker_of, usable_cores
+from rlcollect.collector.checks import (
+    available_memory,
+    cgroup_cpu_quota,
+    check_batch_memory,
+    envs_per_worker_of,
+    usable_cores,
+)
+from rlcollect.transports.layout import Field
 
 
 @pytest.mark.parametrize(
@@ -63,3 +71,31 @@ def test_a_cgroup_quota_caps_the_cores(tmp_path):
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")
     assert cgroup_cpu_quota(v1.parent) is None
     assert cgroup_cpu_quota(tmp_path / "none") is None  # nothing to read: no quota
+
+
+def test_a_cgroup_memory_limit_caps_the_memory_available(tmp_path):
+    assert (available_memory() or 0) > 0  # this machine's, as the plan reads it
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: 8388608 kB\nMemAvailable: {2**21} kB\n")  # 2 GiB
+    assert available_memory(tmp_path / "none", meminfo) == 2**31  # no cgroup files
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{2**30}\n")
+    (v2 / "memory.current").write_text(f"{2**29}\n")  # page cache, say: not subtracted
+    assert available_memory(v2, meminfo) == 2**30  # the container's limit
+    (v2 / "memory.max").write_text("max\n")
+    assert available_memory(v2, meminfo) == 2**31  # no limit
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{2**20}\n")
+    assert available_memory(v1.parent, meminfo) == 2**20
+    assert available_memory(tmp_path / "none", tmp_path / "no-meminfo") is None
+
+
+def test_a_batch_must_fit_in_the_memory_available():
+    fields = [Field(("observation",), (4,), np.dtype(np.float32))]  # 16 bytes a row
+    check_batch_memory(fields, 64, -1, 1024)  # exactly fits
+    check_batch_memory(fields, 10**9, 64, 1024)  # the budget caps the batch
+    check_batch_memory(fields, 10**9, -1, None)  # nothing known: nothing refused
+    with pytest.raises(ValueError, match=r"frames_per_batch=65: a batch of 65 transitions"):
+        check_batch_memory(fields, 65, -1, 1024)

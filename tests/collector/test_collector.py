@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from envs import DictObsEnv, StepCounter, TorchProbeEnv, cartpole
+from envs import DictObsEnv, RaisesUnprintable, StepCounter, TorchProbeEnv, cartpole
 from helpers import (
     CountingPolicy,
     FailingPolicy,
@@ -254,6 +254,21 @@ def test_env_error_in_step_reaches_the_caller(transport):
     assert info.value.env_index == 2
     assert "CountingEnv.step" in str(info.value.__cause__) or "in step" in str(info.value.__cause__)
     assert "Traceback" in str(info.value.__cause__)
+    check_clean(c)
+
+
+def test_an_env_error_whose_str_raises_still_names_the_env_and_its_type(transport):
+    """The worker's report survives an exception it cannot print: the env and the
+    exception's type are named at once, neither a stall nor a bare exit status."""
+    fns = [*counting_envs(1), functools.partial(RaisesUnprintable, 1)]
+    c = AsyncBatchedCollector(
+        fns, CountingPolicy(), frames_per_batch=8, transport=transport, policy_device="cpu"
+    )
+    with pytest.raises(WorkerError, match=r"env 1 \(worker 1\) raised Unprintable: <") as info:
+        list(c)
+    assert info.value.env_index == 1
+    assert "str() of this exception fails" in str(info.value)  # why it cannot be shown
+    assert "RaisesUnprintable" in str(info.value.__cause__) or "step" in str(info.value.__cause__)
     check_clean(c)
 
 

@@ -8,9 +8,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from envs import CrashWhen
 from helpers import CountingPolicy, check_clean, counting_envs, wait_until
 
 from rlcollect import AsyncBatchedCollector, CollectorError
+from rlcollect.errors import WorkerRestartWarning
 from rlcollect.testing import CountingEnv
 from rlcollect.transports import ProcessSlotTransport, ThreadQueueTransport
 
@@ -69,6 +71,55 @@ def test_two_threads_iterating_one_collector_one_is_refused():
     assert "another thread is iterating this collector" in refused
 
 
+@pytest.mark.parametrize(
+    ("transport", "on_policy"),
+    [("thread", False), ("thread", True), ("process_slots", False), ("process_slots", True)],
+)
+def test_shutdown_from_another_thread_ends_a_waiting_next_with_the_public_error(
+    transport, on_policy
+):
+    """next() under way (waiting for a batch, or between batches) when another thread
+    shuts the collector down raises CollectorError itself, saying so: never the
+    collector's internal stop signal, nor what the closed parts raised."""
+    gate = threading.Event()  # thread transport: no env steps before the shutdown
+    fns = counting_envs(2)
+    if transport == "thread":
+        fns = [functools.partial(Gated, i, gate) for i in range(2)]
+    kwargs = {"on_policy": True, "policy_lag": 1} if on_policy else {}
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        transport=transport,
+        policy_device="cpu",
+        **kwargs,
+    )
+    outcome: dict[str, BaseException] = {}
+    iterating = threading.Event()
+
+    def take():
+        iterating.set()
+        try:
+            for _ in range(100_000):
+                next(c)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    try:
+        assert iterating.wait(30)
+        c.shutdown()
+    finally:
+        gate.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    error = outcome["error"]
+    assert type(error) is CollectorError, repr(error)
+    assert "shut down" in str(error)
+    check_clean(c)
+
+
 class TwoWeights(torch.nn.Module):
     """The action is round(a + b): an update of either weight shows in every action."""
 
@@ -96,6 +147,38 @@ def test_weights_that_cannot_all_be_applied_change_nothing(backend):
         with pytest.raises(TypeError, match=r"weight 'b' is a ndarray, not a torch\.Tensor"):
             c.update_policy_weights_(bad)
         assert c.policy_version == 0
+        later = [next(c) for _ in range(3)]
+        assert all(bool((b["action"] == 2).all()) for b in later)  # still round(1 + 1)
+        assert all(bool((b["policy_version"] == 0).all()) for b in later)
+        assert c.update_policy_weights_({"a": torch.tensor(3.0), "b": torch.tensor(3.0)}) == 1
+
+
+# Values that pass the name, shape and type checks but cannot be copied into the policy
+# as they are (no data, another layout, a dtype the policy's cannot hold).
+UNCOPYABLE = [
+    (lambda: torch.empty((), device="meta"), ValueError, r"weight 'b' is a meta tensor"),
+    (lambda: torch.tensor(3.0).to_sparse(), ValueError, r"weight 'b' has layout torch\.sparse"),
+    (lambda: torch.tensor(3 + 1j), TypeError, r"weight 'b' is torch\.complex64"),
+]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process", "worker"])
+def test_weights_that_cannot_be_copied_change_nothing_and_name_the_weight(backend):
+    """Each bad value comes after a good one ("a" would be copied first): the update is
+    refused whole, naming the weight, on every backend; the policy acts as before."""
+    with AsyncBatchedCollector(
+        counting_envs(2),
+        TwoWeights(),
+        frames_per_batch=16,
+        transport="process_slots",
+        inference_backend=backend,
+        policy_device="cpu",
+    ) as c:
+        next(c)
+        for make, error, match in UNCOPYABLE:
+            with pytest.raises(error, match=match):
+                c.update_policy_weights_({"a": torch.tensor(3.0), "b": make()})
+            assert c.policy_version == 0
         later = [next(c) for _ in range(3)]
         assert all(bool((b["action"] == 2).all()) for b in later)  # still round(1 + 1)
         assert all(bool((b["policy_version"] == 0).all()) for b in later)
@@ -139,6 +222,46 @@ def test_too_few_file_descriptors_is_a_clear_error_and_leaks_none(backend):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert fds() == before
+
+
+def test_too_few_file_descriptors_at_a_restart_is_a_clear_error(tmp_path):
+    """A worker restart that runs out of descriptors fails as start-up does: a
+    CollectorError naming the limit and the remedy, not a bare OSError; the descriptors
+    the restart had opened are closed again, and so is everything else by shutdown."""
+    import gc
+    import os
+    import resource
+
+    armed, trigger = tmp_path / "armed", tmp_path / "crash"
+    armed.touch()
+    fns = [*counting_envs(1), functools.partial(CrashWhen, 1, str(trigger))]
+    c = AsyncBatchedCollector(
+        fns,
+        CountingPolicy(),
+        frames_per_batch=8,
+        policy_device="cpu",
+        transport="process_slots",
+        max_worker_restarts=1,
+        stall_timeout=None,  # the stall watch reads /proc files: nothing opens here
+    )
+    next(c)
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    lowest_free = os.dup(0)  # every descriptor below it is open
+    os.close(lowest_free)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # none can open
+    try:
+        os.rename(armed, trigger)  # env 1 crashes at its next step
+        expected = r"ran out of file descriptors restarting worker 1 .*ulimit -n"
+        with pytest.raises(CollectorError, match=expected), pytest.warns(WorkerRestartWarning):
+            for _ in range(10_000):  # the crash comes at the next step of env 1
+                next(c)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    check_clean(c)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) < before  # the workers' pipes closed, none leaked
 
 
 def resident_kib(name):

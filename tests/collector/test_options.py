@@ -6,6 +6,7 @@ import importlib.util
 import inspect
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlcollect import AsyncBatchedCollector
@@ -63,6 +64,21 @@ def test_checked_gives_each_value_as_the_plan_uses_it():
     options = Options(frames_per_batch=8, info_keys=["lives"], stall_timeout=5).checked()
     assert options.info_keys == ("lives",) and options.stall_timeout == 5.0
     assert isinstance(options.stall_timeout, float)
+
+
+def test_checked_gives_python_numbers_and_an_endless_stall_timeout_as_none():
+    options = Options(
+        frames_per_batch=np.int64(8),
+        seed=np.uint64(3),
+        stall_timeout=float("inf"),
+        on_policy=np.True_,
+        policy_lag=np.int64(1),
+        batch_timeout=np.float32(0.5),
+    ).checked()
+    assert type(options.frames_per_batch) is int and type(options.seed) is int
+    assert options.stall_timeout is None  # no bound, as None
+    assert options.on_policy is True and type(options.policy_lag) is int
+    assert type(options.batch_timeout) is float and options.batch_timeout == 0.5
 
 
 def test_the_driver_keeps_the_buffer_its_throttle_and_the_seed():

@@ -14,6 +14,7 @@ import pytest
 import torch
 from envs import (
     LyingIds,
+    NoneRewardsVector,
     StepCounter,
     StepCountingVector,
     async_factories,
@@ -241,6 +242,19 @@ def test_an_error_inside_a_vector_env_names_its_envs(transport):
             pass
     assert info.value.env_index == 3
     assert "failed on purpose in step" in str(info.value.__cause__)
+
+
+def test_a_vector_env_returning_rewards_of_none_is_an_error(transport):
+    with (
+        pytest.raises(WorkerError, match=r"rewards \[None, None\] .*real numbers") as info,
+        build(
+            [functools.partial(NoneRewardsVector, 0, 2, 2)], transport=transport, total_frames=64
+        ) as c,
+    ):
+        for batch in c:
+            assert not batch["next", "reward"].isnan().any(), "None was stored as NaN"
+    assert info.value.env_index == 0
+    assert "the step results check" in str(info.value)
 
 
 def test_in_flight_transitions_of_vector_envs_are_bounded_for_a_slow_consumer():

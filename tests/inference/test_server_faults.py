@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from envs import Unprintable
 from helpers import (
     CountingPolicy,
     check_clean,
@@ -40,6 +41,16 @@ def wider_value(out: dict[str, torch.Tensor]) -> None:
     out["value"] = out["value"][:, None].expand(-1, 3)
 
 
+def double_value(out: dict[str, torch.Tensor]) -> None:
+    """A float64 ``value`` where it was float32: a cast would round it quietly."""
+    out["value"] = out["value"].double() + 1e-12
+
+
+def unprintable(out: dict[str, torch.Tensor]) -> None:
+    """The policy raises an exception whose ``str()`` and ``repr()`` raise."""
+    raise Unprintable("lost")
+
+
 def float_action(out: dict[str, torch.Tensor]) -> None:
     """Float actions (the same numbers plus a half) where they were integers: a cast
     would truncate them quietly."""
@@ -51,8 +62,10 @@ def float_action(out: dict[str, torch.Tensor]) -> None:
     [
         (wider_value, ValueError, "policy output ('value',) has shape (3,) per env, but it had ()"),
         (float_action, TypeError, "policy output ('action',) is float64 now, but it was int64"),
+        (double_value, TypeError, "policy output ('value',) is float64 now, but it was float32"),
+        (unprintable, Unprintable, "Unprintable: <unprintable Unprintable: str() raised"),
     ],
-    ids=["shape", "dtype"],
+    ids=["shape", "dtype", "extra-dtype", "unprintable"],
 )
 def test_output_that_changes_after_construction_reaches_the_caller_named(
     transport, change, cause, message

@@ -21,20 +21,28 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from rlcollect.collector.probe import factory_takes_spaces
+from rlcollect.collector.values import (
+    check_int,
+    is_auto,
+    is_flag,
+    is_real,
+    transition_chunk_size_of,
+)
 from rlcollect.inference.backend import BackendChoice
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
+from rlcollect.transports.layout import Field
 from rlcollect.transports.process_slots import ProcessSlotTransport
 from rlcollect.transports.thread_queue import ThreadQueueTransport
 from rlcollect.worker.source import Source
 
 __all__ = [
+    "available_memory",
     "cgroup_cpu_quota",
+    "check_batch_memory",
     "check_env_fns",
-    "check_int",
     "check_picklable",
     "check_policy_lag",
-    "check_stall_timeout",
     "check_worker_inference",
     "chunk_steps_of",
     "claim_transport",
@@ -42,10 +50,8 @@ __all__ = [
     "device_of",
     "envs_per_worker_of",
     "info_keys_of",
-    "is_auto",
     "make_transport",
     "on_policy_steps",
-    "policy_lag_of",
     "policy_source",
     "splits_of",
     "throttle_of",
@@ -58,13 +64,6 @@ _TRANSPORTS: dict[str, Callable[[], Transport]] = {
     "process_slots": ProcessSlotTransport,
 }
 _AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
-
-
-def check_int(name: str, value: Any, *, minimum: int, extra: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(
-            f"{name} must be an int >= {minimum}{' ' + extra if extra else ''}, got {value!r}"
-        )
 
 
 def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -97,6 +96,50 @@ def cgroup_cpu_quota(root: Path) -> float | None:
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
+def available_memory(
+    cgroup: Path = Path("/sys/fs/cgroup"), meminfo: Path = Path("/proc/meminfo")
+) -> int | None:
+    """Bytes this process may allocate at most: the kernel's estimate of memory
+    available without swapping (``MemAvailable`` of ``meminfo``), capped by the memory
+    limit of the cgroup mounted at ``cgroup`` (a container's ``--memory``: v2
+    ``memory.max``, v1 ``memory/memory.limit_in_bytes``); None where neither can be
+    read. The limit, not what is left of it: the cgroup's usage counts page cache that
+    the kernel reclaims on demand, and a check must never refuse what would work."""
+    found: list[int] = []
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit in ("memory.max", "memory/memory.limit_in_bytes"):
+        try:
+            found.append(int((cgroup / limit).read_text()))
+        except (OSError, ValueError):
+            continue  # no such file, or "max": no limit
+        break
+    return min(found) if found else None
+
+
+def check_batch_memory(
+    fields: Sequence[Field], frames_per_batch: int, total_frames: int, available: int | None
+) -> None:
+    """A batch of ``frames_per_batch`` rows of ``fields`` (fewer if ``total_frames`` is
+    smaller) must fit in the memory ``available``: checked before any part starts, where
+    numpy would fail (or the kernel's OOM killer strike) once the workers run."""
+    rows = frames_per_batch if total_frames == -1 else min(frames_per_batch, total_frames)
+    row_bytes = sum(int(np.prod(f.shape, dtype=np.int64)) * f.dtype.itemsize for f in fields)
+    need = rows * row_bytes
+    if available is None or need <= available:
+        return
+    gib = 2**30
+    raise ValueError(
+        f"frames_per_batch={frames_per_batch}: a batch of {rows} transitions of {row_bytes} "
+        f"bytes takes {need / gib:.1f} GiB, but this machine has {available / gib:.1f} GiB "
+        "of memory available; use a smaller frames_per_batch"
+    )
+
+
 def envs_per_worker_of(envs_per_worker: Any, factories: int, cores: int) -> int:
     """Env factories per worker: ``envs_per_worker``, checked, or for ``"auto"`` the
     divisor of ``factories`` that leaves the number of workers nearest ``cores``.
@@ -116,14 +159,6 @@ def envs_per_worker_of(envs_per_worker: Any, factories: int, cores: int) -> int:
             f'{envs_per_worker}; use a divisor of the number of envs, or "auto"'
         )
     return int(envs_per_worker)
-
-
-def check_stall_timeout(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"stall_timeout must be a number of seconds > 0, or None, got {value!r}")
-    return float(value)
 
 
 def check_env_fns(env_fns: Any) -> list[Callable[[], Any]]:
@@ -179,7 +214,7 @@ def throttle_of(
         if learning_starts != 0:
             raise ValueError("learning_starts only applies with a train_ratio; pass train_ratio=")
         return None
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+    if not is_real(ratio) or not ratio > 0:
         raise ValueError(
             f"train_ratio must be a number > 0 (rows sampled per row collected), got {ratio!r}"
         )
@@ -203,8 +238,8 @@ def chunk_steps_of(
     """Steps of each env per chunk, from ``transition_chunk_size`` (transitions)."""
     if chunk == "auto":
         return max(1, min(_AUTO_CHUNK_CAP, fpb // num_envs))
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f'transition_chunk_size must be "auto" or an int >= 1, got {chunk!r}')
+    chunk = transition_chunk_size_of(chunk)
+    assert isinstance(chunk, int)
     worker_envs = envs_per_worker * source.envs
     if chunk % worker_envs:
         what = f"envs_per_worker={envs_per_worker}"
@@ -230,16 +265,6 @@ def info_keys_of(info_keys: Any) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"info_keys names an entry twice: {names!r}")
     return names
-
-
-def policy_lag_of(policy_lag: Any) -> int:
-    """``policy_lag``, 0 or 1."""
-    if isinstance(policy_lag, bool) or policy_lag not in (0, 1):
-        raise ValueError(
-            f"policy_lag must be 0 (each on-policy round starts when its batch is asked for) "
-            f"or 1 (the next round starts as soon as a batch is handed out), got {policy_lag!r}"
-        )
-    return int(policy_lag)
 
 
 def check_policy_lag(policy_lag: int, on_policy: bool) -> None:
@@ -330,11 +355,6 @@ def splits_of(
     return 1 if worker_splits is None else int(worker_splits)
 
 
-def is_auto(value: Any) -> bool:
-    """``value == "auto"``, for arguments that may also be ints or arrays."""
-    return isinstance(value, str) and value == "auto"
-
-
 # Transport instances given to a collector, by id (a user's transport need not be
 # hashable); an entry goes when its transport is garbage-collected.
 _claimed: weakref.WeakValueDictionary[int, Transport] = weakref.WeakValueDictionary()
@@ -397,10 +417,8 @@ def device_of(policy_device: str | torch.device | None) -> torch.device:
 
 
 def compile_options_of(compile: Any) -> dict[str, Any] | None:
-    if compile is False:
-        return None
-    if compile is True:
-        return {}
+    if is_flag(compile):
+        return {} if compile else None
     if isinstance(compile, Mapping):
         return dict(compile)
     raise ValueError(

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector.background import Pausable
+from rlcollect.collector.background import Background, Pausable
 from rlcollect.collector.batches.ahead import PauseBetweenRounds, RoundAhead
 from rlcollect.collector.batches.episodes import Episode
 from rlcollect.collector.checks import claim_transport
@@ -49,8 +49,9 @@ from rlcollect.transports.base import Transport
 __all__ = ["AsyncBatchedCollector"]
 
 # Seconds shutdown waits for the policy_lag helper: the transport is closed by then, and
-# its round's bounded waits end at the next check.
-_AHEAD_JOIN_TIMEOUT = 10.0
+# its round's bounded waits end at the next check. The finalizer waits as long for the
+# background thread, whose waits end at the next check of its stop flag.
+_JOIN_TIMEOUT = 10.0
 
 
 class AsyncBatchedCollector(CollectorFacade):
@@ -66,7 +67,9 @@ class AsyncBatchedCollector(CollectorFacade):
     a batch is ``[num_envs, T]`` instead (``[T, num_envs]`` with ``time_major=True``):
     row ``e`` is env ``e``'s next ``T`` steps, all computed with the weights current when
     the batch was asked for. :meth:`episodes` lists the episodes that finished. Every
-    argument, in detail: ``docs/usage.md``.
+    argument, in detail: ``docs/usage.md``. A count takes an int (numpy's too), a number
+    of seconds or a ratio a real number; anything else is a ``ValueError`` naming the
+    keyword, raised before any part starts (``docs/failures.md``, *Bad input*).
 
     Args:
         env_fns: zero-argument callables, each returning a ``gymnasium.Env`` or a
@@ -98,7 +101,7 @@ class AsyncBatchedCollector(CollectorFacade):
             env, 1 to 64).
         max_batch_size: most observations per policy call (default: every env).
         min_batch_size: observations the server waits for before a call ...
-        batch_timeout: ... but never longer than this many seconds.
+        batch_timeout: ... but never longer than this many seconds (finite).
         policy_device: where the policy runs; default ``"cuda"`` when available.
         compile: ``True``, or a dict of ``torch.compile`` options (CUDA only).
         cuda_graph: capture the action step as a CUDA graph per padded batch size.
@@ -112,14 +115,15 @@ class AsyncBatchedCollector(CollectorFacade):
             counts its rows: :class:`rlcollect.replay.CountingBuffer`).
         learning_starts: rows collected before the ``train_ratio`` wait begins.
         seed: env ``i`` is first reset with ``seed + i``, and the policy's random stream
-            is seeded with it (``docs/usage.md``, *Reproducibility*); None: unseeded.
+            is seeded with it (``docs/usage.md``, *Reproducibility*); below ``2**64``;
+            None: unseeded.
         max_worker_restarts: failed workers restarted in all before an error is raised.
         stall_timeout: seconds an env's construction, ``reset()`` or ``step()`` may run,
             and a worker process may stay stopped, before a :class:`WorkerError` naming
             the env, the worker, the stage and how long (a restart under
             ``max_worker_restarts``); the first batch waits for every env's first
-            observation at most half of it after the first came. None: no bound
-            (``docs/failures.md``, *Stalls*).
+            observation at most half of it after the first came. None (or
+            ``float("inf")``): no bound (``docs/failures.md``, *Stalls*).
         store_recurrent_state: with a recurrent policy (one with ``initial_state()``),
             every transition carries ``recurrent_state``, the state its action was
             computed from; False leaves it out (large states). ``is_init`` is always there.
@@ -249,8 +253,8 @@ class AsyncBatchedCollector(CollectorFacade):
         # Every keyword above is a field of Options (options.py): one definition of each.
         plan = plan_collection(env_fns, policy, Options.of(locals()))
         self.num_envs = plan.num_envs
-        self.frames_per_batch = frames_per_batch
-        self.total_frames = total_frames
+        self.frames_per_batch = plan.options.frames_per_batch  # a Python int, checked
+        self.total_frames = plan.options.total_frames
         self.envs_per_worker = plan.envs_per_worker
         self.worker_splits = plan.layout.splits
         self.transition_chunk_size = plan.transition_chunk_size
@@ -270,10 +274,11 @@ class AsyncBatchedCollector(CollectorFacade):
             self.shutdown()
             raise
         # Shuts everything down if the collector is garbage-collected or open at exit: no
-        # part holds a reference back to the collector, so refcounting alone frees it.
-        # The stop flag ends a policy_lag round running in its helper thread at once.
+        # part holds a reference back to the collector (nor does the background thread:
+        # _production), so refcounting alone frees it. The stop flag ends background
+        # collection and a policy_lag round running in its helper thread at once.
         self._finalizer = weakref.finalize(
-            self, _shutdown_parts, plan.transport, self.server, self._background.stopping
+            self, _shutdown_parts, plan.transport, self.server, self._background
         )
         self._chunks = chunk_loop(plan, end, self.server, self._background, program)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
@@ -292,6 +297,10 @@ class AsyncBatchedCollector(CollectorFacade):
             return self._ahead.next()
         return self._chunks.produce()
 
+    def _production(self) -> Callable[[], TensorDict | None]:
+        # The chunk loop and the round ahead never refer back to the collector.
+        return self._chunks.produce if self._ahead is None else self._ahead.next
+
     def _pausable(self) -> Pausable | None:
         if self._ahead is not None and self.server is not None:
             return PauseBetweenRounds(self._ahead, self.server)
@@ -305,7 +314,7 @@ class AsyncBatchedCollector(CollectorFacade):
             self._transport = None
         _shutdown_parts(transport, server)
         if self._ahead is not None:
-            self._ahead.stop(_AHEAD_JOIN_TIMEOUT)  # its round ends with the transport
+            self._ahead.stop(_JOIN_TIMEOUT)  # its round ends with the transport
         if self._finalizer is not None:
             self._finalizer.detach()
 
@@ -323,8 +332,10 @@ class AsyncBatchedCollector(CollectorFacade):
         Raises:
             CollectorError: when shut down; the background error if collection failed.
             KeyError: when the weights' names are not the policy's (missing or extra).
-            TypeError: when a weight is not a tensor.
-            ValueError: when a weight's shape is not the policy's.
+            TypeError: when a weight is not a tensor, or of a dtype the policy's cannot
+                hold without loss.
+            ValueError: when a weight's shape is not the policy's, or it cannot be
+                copied as it is (a meta or sparse tensor). Nothing has changed then.
             InferenceError: with ``inference_backend="process"``, when the inference
                 process has failed or has not applied the weights of two versions ago
                 within its deadline.
@@ -394,10 +405,10 @@ class AsyncBatchedCollector(CollectorFacade):
 def _shutdown_parts(
     transport: Transport | None,
     server: InferenceBackend | None,
-    stopping: threading.Event | None = None,
+    background: Background | None = None,
 ) -> None:
-    if stopping is not None:
-        stopping.set()
+    if background is not None:  # the finalizer: background collection ends first
+        background.stop(_JOIN_TIMEOUT)
     if server is not None:
         server.stop()
     if transport is not None:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from rlcollect._tensordict import TensorDict
@@ -39,6 +40,19 @@ from rlcollect.replay.sink import SupportsExtend
 __all__ = ["CollectorFacade"]
 
 _JOIN_TIMEOUT = 10.0  # seconds shutdown() waits for the background thread's last write
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` called through a weak reference to its object (nothing once it is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call
+
 
 # typing.Self is Python 3.11; the package supports 3.10.
 _Collector = TypeVar("_Collector", bound="CollectorFacade")
@@ -89,8 +103,16 @@ class CollectorFacade(abc.ABC):
         with self._background.iterating():
             try:
                 batch = self._produce()
-            except BaseException:
+            except BaseException as exc:
+                # Shut down under this call, by shutdown() from another thread: whatever
+                # the closing parts raised (the stop signal, a closed transport) is that.
+                shut_down = self._background.stopping.is_set() and isinstance(exc, Exception)
                 self.shutdown()
+                if shut_down:
+                    raise CollectorError(
+                        "the collector was shut down (by shutdown() from another thread) "
+                        "while next() waited for its batch"
+                    ) from exc
                 raise
         if batch is None:
             self.shutdown()
@@ -139,7 +161,24 @@ class CollectorFacade(abc.ABC):
                 "pass replay_buffer= or iterate over the collector instead"
             )
         self._lifecycle.enter("start", Stage.BACKGROUND)
-        self._background.start(self._produce, self._release)
+        # Weakly: the thread must not keep its collector alive, so that dropping the
+        # collector collects it (its finalizer stops the thread and every part).
+        self._background.start(self._production(), _weakly(self._release))
+
+    def _production(self) -> Callable[[], TensorDict | None]:
+        """What the background thread calls for each batch (None: the budget is met).
+        Here ``_produce`` through a weak reference: the thread holds the collector only
+        while a batch is made, and ends once it is gone. A collector whose batches come
+        from parts that never refer back to it returns their producer instead, so that
+        the thread never holds it, even while a batch waits (a ``train_ratio`` wait for a
+        learner that dropped the collector)."""
+        produce = weakref.WeakMethod(self._produce)
+
+        def production() -> TensorDict | None:
+            bound = produce()
+            return None if bound is None else bound()
+
+        return production
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for background collection to

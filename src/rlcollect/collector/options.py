@@ -18,13 +18,14 @@ it:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-from rlcollect.collector import checks
+from rlcollect.collector import checks, values
 from rlcollect.inference.backend import BACKENDS
 from rlcollect.inference.policy import exploration_type_of
 from rlcollect.replay.sink import SupportsExtend
@@ -42,36 +43,47 @@ def _option(
 
 
 # ------------------------------------------------------------------ checks of one value
-# Each returns the value as the plan uses it; the messages name the argument.
+# Each returns the value as the plan uses it (Python ints and floats: ``values.py`` has
+# the one rule they follow); the messages name the argument.
 
 
-def _positive_int(name: str, extra: str = "") -> Callable[[Any], Any]:
+def _count(name: str, *, minimum: int = 1, extra: str = "") -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
-        checks.check_int(name, value, minimum=1, extra=extra)
-        return value
+        return values.check_int(name, value, minimum=minimum, extra=extra)
 
     return check
 
 
 def _total_frames(value: Any) -> Any:
-    if value != -1:
-        checks.check_int("total_frames", value, minimum=1, extra="or -1 (endless)")
-    return value
+    if values.is_int(value) and value == -1:
+        return -1
+    return values.check_int("total_frames", value, minimum=1, extra="or -1 (endless)")
 
 
-def _worker_splits(value: Any) -> Any:
-    if value is not None and not checks.is_auto(value):
-        checks.check_int("worker_splits", value, minimum=1, extra='or None, or "auto"')
-    return value
+def _auto_or_count(name: str, extra: str, *, none: bool = False) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if (none and value is None) or values.is_auto(value):
+            return value
+        return values.check_int(name, value, minimum=1, extra=extra)
+
+    return check
+
+
+def _max_batch_size(value: Any) -> Any:
+    return None if value is None else values.batch_size_of("max_batch_size", value)
 
 
 def _flag(name: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
-        if not isinstance(value, bool):
+        if not values.is_flag(value):
             raise ValueError(f"{name} must be True or False, got {value!r}")
-        return value
+        return bool(value)
 
     return check
+
+
+def _compile(value: Any) -> Any:
+    return bool(value) if values.is_flag(value) else value  # a dict: checks.py's
 
 
 def _backend(value: Any) -> Any:
@@ -88,15 +100,9 @@ def _replay_buffer(value: Any) -> Any:
     return value
 
 
-def _seed(value: Any) -> Any:
-    if value is not None:
-        checks.check_int("seed", value, minimum=0, extra="or None")
-    return value
-
-
-def _max_worker_restarts(value: Any) -> Any:
-    checks.check_int("max_worker_restarts", value, minimum=0)
-    return value
+def _train_ratio(value: Any) -> Any:
+    # Checked with its buffer by checks.throttle_of (RayCollector's driver too).
+    return float(value) if values.is_real(value) else value
 
 
 # ------------------------------------------------------------------ the options
@@ -114,7 +120,7 @@ class Options:
     frames_per_batch: int = field(
         metadata={
             "help": "transitions per yielded batch",
-            "check": _positive_int("frames_per_batch"),
+            "check": _count("frames_per_batch"),
             "driver": False,
         }
     )
@@ -129,31 +135,39 @@ class Options:
         1,
         "env factories per worker, a divisor of `len(env_fns)`; "
         '`"auto"`: about one worker per usable core',
+        check=_auto_or_count("envs_per_worker", 'or "auto"'),
     )
     worker_splits: int | Literal["auto"] | None = _option(
         None,
         "request splits per worker (double buffering), a divisor of `envs_per_worker`; "
         'None: 1 (vector envs: one per vector env); `"auto"`: the fewest above one with '
         "the policy on a GPU",
-        check=_worker_splits,
+        check=_auto_or_count("worker_splits", 'or None, or "auto"', none=True),
     )
     transition_chunk_size: int | str = _option(
         "auto",
         "transitions per worker message, a multiple of the envs a worker steps; "
         '`"auto"`: `frames_per_batch // num_envs` steps of each env, 1 to 64',
+        check=values.transition_chunk_size_of,
     )
     max_batch_size: int | None = _option(
-        None, "most observations per policy call (None: every env)"
+        None, "most observations per policy call (None: every env)", check=_max_batch_size
     )
-    min_batch_size: int = _option(1, "observations the server waits for before a call ...")
-    batch_timeout: float = _option(1e-3, "... but never longer than this many seconds")
+    min_batch_size: int = _option(
+        1,
+        "observations the server waits for before a call ...",
+        check=functools.partial(values.batch_size_of, "min_batch_size"),
+    )
+    batch_timeout: float = _option(
+        1e-3, "... but never longer than this many seconds", check=values.batch_timeout_of
+    )
     policy_device: str | torch.device | None = _option(
         None,
         'where the policy runs; None: `"cuda"` when available, else `"cpu"` '
         '(`"cpu"` with `inference_backend="worker"`)',
     )
     compile: bool | Mapping[str, Any] = _option(
-        False, "True, or a dict of `torch.compile` options (CUDA only)"
+        False, "True, or a dict of `torch.compile` options (CUDA only)", check=_compile
     )
     cuda_graph: bool = _option(
         False,
@@ -176,28 +190,32 @@ class Options:
     train_ratio: float | None = _option(
         None,
         "rows the learner samples per row collected: collection waits for the learner",
+        check=_train_ratio,
         driver=True,
     )
     learning_starts: int = _option(
-        0, "rows collected before the `train_ratio` wait begins", driver=True
+        0,
+        "rows collected before the `train_ratio` wait begins",
+        check=_count("learning_starts", minimum=0),
+        driver=True,
     )
     seed: int | None = _option(
         0,
         "env `i` is first reset with `seed + i`, and the policy's random stream is seeded "
         "with it; None: unseeded",
-        check=_seed,
+        check=values.seed_of,
         driver=True,
     )
     max_worker_restarts: int = _option(
         0,
         "failed workers restarted in all before an error is raised",
-        check=_max_worker_restarts,
+        check=_count("max_worker_restarts", minimum=0),
     )
     stall_timeout: float | None = _option(
         60.0,
         "seconds an env call may run, or a worker process stay stopped, before a "
-        "`WorkerError`; None: no bound",
-        check=checks.check_stall_timeout,
+        "`WorkerError`; None (or `inf`): no bound",
+        check=values.check_stall_timeout,
     )
     store_recurrent_state: bool = _option(
         True,
@@ -219,7 +237,7 @@ class Options:
     policy_lag: int = _option(
         0,
         "with `on_policy=True`, 1 collects the next batch while the learner learns on this one",
-        check=checks.policy_lag_of,
+        check=values.policy_lag_of,
     )
     time_major: bool = _option(
         False,
@@ -236,13 +254,14 @@ class Options:
 
     def checked(self) -> Options:
         """These options with every value's own check passed, in field order (the value
-        as the plan uses it: ``info_keys`` a tuple, ``stall_timeout`` a float)."""
-        values = {}
+        as the plan uses it: ``info_keys`` a tuple, counts Python ints, ``stall_timeout``
+        a float or None)."""
+        checked = {}
         for f in dataclasses.fields(self):
             check = f.metadata["check"]
             value = getattr(self, f.name)
-            values[f.name] = value if check is None else check(value)
-        return dataclasses.replace(self, **values)
+            checked[f.name] = value if check is None else check(value)
+        return dataclasses.replace(self, **checked)
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> Options:

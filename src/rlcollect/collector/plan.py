@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 from gymnasium import spaces
 
-from rlcollect.collector import checks
+from rlcollect.collector import checks, values
 from rlcollect.collector.batches.delivery import Delivery, choose_delivery
 from rlcollect.collector.options import Options
 from rlcollect.collector.probe import (
@@ -139,6 +139,9 @@ def plan_collection(
     )
     checks.warn_of_thread_oversubscription(num_workers)
     layout = _layout(o, probed, delivery, num_workers, columns, chunk_steps, splits)
+    checks.check_batch_memory(
+        layout.fields, o.frames_per_batch, o.total_frames, checks.available_memory()
+    )
     config = _inference_config(o, args, probed, layout, num_envs)
     specs = tuple(
         WorkerSpec(
@@ -185,7 +188,7 @@ def _check_together(
         o.envs_per_worker, len(env_fns), checks.usable_cores()
     )
     splits = o.worker_splits
-    if splits is not None and not checks.is_auto(splits) and envs_per_worker % int(splits):
+    if splits is not None and not values.is_auto(splits) and envs_per_worker % int(splits):
         raise ValueError(
             f"worker_splits={splits} does not divide envs_per_worker="
             f"{envs_per_worker}: a worker's envs split into equal groups"

@@ -14,8 +14,6 @@ served is given back here.
 
 from __future__ import annotations
 
-import errno
-import resource
 from collections.abc import Callable
 
 from rlcollect.collector.background import Background, Throttle
@@ -23,8 +21,8 @@ from rlcollect.collector.batches.loop import ChunkLoop
 from rlcollect.collector.batches.restarts import WorkerRestarts
 from rlcollect.collector.batches.stall import Stalls, StallWatch
 from rlcollect.collector.plan import Plan
-from rlcollect.errors import CollectorError
 from rlcollect.inference.base import InferenceBackend
+from rlcollect.processes import out_of_descriptors
 from rlcollect.transports.base import ServerEnd, WorkerProgram
 from rlcollect.transports.layout import PROGRESS
 from rlcollect.worker.spec import WorkerSpec
@@ -43,19 +41,11 @@ def start_serving(
         programs = [prepared.program(spec) for spec in plan.specs]
         end = plan.transport.start(plan.layout, programs)
         server = prepared.serve(plan.transport, end)
-    except OSError as exc:
+    except BaseException as exc:
         prepared.abort()
-        if exc.errno != errno.EMFILE:
-            raise
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        raise CollectorError(
-            f"ran out of file descriptors starting {plan.layout.num_workers} workers "
-            f"(this process may open {limit}; a worker process takes about 5 here): "
-            "raise the limit (ulimit -n, or resource.setrlimit(resource.RLIMIT_NOFILE, "
-            "...)) or put more envs in each worker (envs_per_worker)"
-        ) from exc
-    except BaseException:
-        prepared.abort()
+        named = out_of_descriptors(exc, f"starting {plan.layout.num_workers} workers")
+        if named is not None:
+            raise named from exc
         raise
     return end, server, prepared.program
 

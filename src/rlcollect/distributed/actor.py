@@ -32,9 +32,10 @@ from typing import Any
 import torch
 from gymnasium.vector import VectorEnv
 
-from rlcollect.collector.checks import envs_per_worker_of, is_auto
+from rlcollect.collector.checks import envs_per_worker_of
 from rlcollect.collector.collector import AsyncBatchedCollector
 from rlcollect.collector.probe import factory_takes_spaces
+from rlcollect.collector.values import is_auto
 from rlcollect.distributed.failures import Failure, describe
 from rlcollect.distributed.rows import Rows, to_rows
 from rlcollect.errors import CollectorError

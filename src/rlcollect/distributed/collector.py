@@ -47,7 +47,7 @@ import ray
 import torch
 
 from rlcollect._tensordict import TensorDict
-from rlcollect.collector import checks
+from rlcollect.collector import checks, values
 from rlcollect.collector.background import POLL, Throttle
 from rlcollect.collector.facade import CollectorFacade
 from rlcollect.collector.lifecycle import Stage
@@ -163,17 +163,15 @@ class RayCollector(CollectorFacade):
             driver_kwargs.get("learning_starts", 0),
             self._replay_buffer,
         )
-        seed = driver_kwargs.get("seed", 0)
-        if seed is not None:
-            checks.check_int("seed", seed, minimum=0, extra="or None")
+        seed = values.seed_of(driver_kwargs.get("seed", 0))
         self.num_collectors = num_collectors
         self.frames_per_batch = frames_per_batch
         self.total_frames = total_frames
-        # Weights are checked in the driver against the policy's names and shapes, so
-        # that a bad update fails at the call, with nothing changed, as locally.
-        self._shapes = None
+        # Weights are checked in the driver against the policy's names, shapes and
+        # dtypes, so that a bad update fails at the call, with nothing changed, as locally.
+        self._weights = None
         if policy is not None:
-            self._shapes = {n: tuple(t.shape) for n, t in policy.state_dict().items()}
+            self._weights = {n: (tuple(t.shape), t.dtype) for n, t in policy.state_dict().items()}
 
         if not ray.is_initialized():
             ray.init()  # RAY_ADDRESS, when set, names the cluster to join
@@ -299,16 +297,17 @@ class RayCollector(CollectorFacade):
 
         Raises:
             CollectorError: when shut down; the background error if collection failed.
-            KeyError, TypeError, ValueError: weights whose names, types or shapes are
-                not the policy's (nothing changed, the version not bumped).
+            KeyError, TypeError, ValueError: weights whose names, types, shapes or
+                dtypes are not the policy's, or that cannot be copied as they are (a meta
+                or sparse tensor): nothing changed, the version not bumped.
         """
         self._background.raise_error()
         self._lifecycle.refuse("update")
         if self._fleet is None:
             raise CollectorError("the collector is shut down")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
-        if self._shapes is not None:
-            check_weights(state, self._shapes)
+        if self._weights is not None:
+            check_weights(state, self._weights)
         cpu = {name: value.detach().to("cpu") for name, value in state.items()}
         version = self._fleet.version + 1
         self._fleet.update(ray.put(cpu), version)

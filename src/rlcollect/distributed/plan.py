@@ -28,7 +28,7 @@ from typing import Any
 import ray
 import ray.cloudpickle
 
-from rlcollect.collector import checks
+from rlcollect.collector import checks, values
 from rlcollect.collector.options import Options, driver_options
 from rlcollect.distributed.failures import envs_of
 
@@ -65,16 +65,16 @@ def check_arguments(
 ) -> list[Callable[[], Any]]:
     """Check what the driver can check alone; returns ``env_fns`` as a list."""
     fns = checks.check_env_fns(env_fns)
-    checks.check_int("num_collectors", num_collectors, minimum=1)
+    values.check_int("num_collectors", num_collectors, minimum=1)
     if num_collectors > len(fns):
         raise ValueError(
             f"num_collectors={num_collectors}, but env_fns has {len(fns)} env factories: "
             "each collector needs at least one"
         )
-    checks.check_int("frames_per_batch", frames_per_batch, minimum=1)
+    values.check_int("frames_per_batch", frames_per_batch, minimum=1)
     if total_frames != -1:
-        checks.check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
-    checks.check_int("max_collector_restarts", max_collector_restarts, minimum=0)
+        values.check_int("total_frames", total_frames, minimum=1, extra="or -1 (endless)")
+    values.check_int("max_collector_restarts", max_collector_restarts, minimum=0)
     if collector_kwargs.get("on_policy"):
         # [num_envs, T] batches of one weights version each would need every actor to
         # take its T steps per env under the same version: not built yet.
@@ -153,7 +153,7 @@ def actor_options(
 ) -> dict[str, Any]:
     """The Ray options of ``group``'s actor: its resources, spread over the nodes."""
     if resources is None:
-        if checks.is_auto(envs_per_worker):
+        if values.is_auto(envs_per_worker):
             # A core per env, as far as a node and the share allow: the actor then lays
             # its workers out on the cores it was given (actor.py).
             workers = group.num_envs

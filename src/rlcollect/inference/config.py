@@ -41,6 +41,13 @@ class WeightsLayout:
             offset += -(-size // _ALIGN) * _ALIGN
         return WeightsLayout(tuple(entries), max(offset, _ALIGN))
 
+    def weights(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Each weight's shape and dtype, by name (what new weights are checked against)."""
+        return {
+            name: (shape, getattr(torch, dtype.removeprefix("torch.")))
+            for name, shape, dtype, _ in self.entries
+        }
+
     def views(self, buffer: Any, slot: int, *, start: int = 0) -> dict[str, torch.Tensor]:
         """Tensors over slot ``slot`` of the slots from byte ``start`` of ``buffer`` (no
         copy)."""

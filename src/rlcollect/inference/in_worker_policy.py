@@ -348,7 +348,7 @@ class InWorkerBackend(InferenceBackend):
         if self._board is None:
             raise InferenceError("the collector's weights board is closed")
         layout = self._config.weights
-        check_weights(state_dict, {name: shape for name, shape, _, _ in layout.entries})
+        check_weights(state_dict, layout.weights())
         version = self._version + 1
         self._board.publish(state_dict, version, _PUBLISH_WAIT)
         self._version = version

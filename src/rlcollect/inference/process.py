@@ -52,7 +52,6 @@ import signal
 import subprocess
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -77,7 +76,7 @@ from rlcollect.processes import (
     unlink_segment,
     wait_exit,
 )
-from rlcollect.transports.base import RequestChannel
+from rlcollect.transports.base import RequestChannel, text_of, traceback_of
 
 __all__ = ["ProcessInference"]
 
@@ -244,7 +243,7 @@ class ProcessInference(InferenceBackend):
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         layout = self._config.weights
-        check_weights(state_dict, {name: shape for name, shape, _, _ in layout.entries})
+        check_weights(state_dict, layout.weights())
         self._raise_error()
         version = self._version + 1
         with self._cond:  # the slot is free once version - 2 is applied
@@ -459,10 +458,10 @@ def _send_error(status: Connection, exc: BaseException) -> None:
         status.send(
             (
                 "error",
-                str(exc)
+                text_of(exc)
                 if isinstance(exc, InferenceError)
-                else f"the inference process failed: {type(exc).__name__}: {exc}",
-                "".join(traceback.format_exception(cause)),
+                else f"the inference process failed: {type(exc).__name__}: {text_of(exc)}",
+                traceback_of(cause),
             )
         )
     except OSError:

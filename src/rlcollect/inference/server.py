@@ -53,7 +53,7 @@ from rlcollect.inference.checks import check_weights, scatter_outputs
 from rlcollect.inference.lock_wait import LockWatch
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.step import ActionStep
-from rlcollect.transports.base import RequestEnd
+from rlcollect.transports.base import RequestEnd, text_of
 from rlcollect.transports.layout import Key, RingLayout, request_rows
 
 __all__ = ["BatchingConfig", "InferenceServer"]
@@ -308,11 +308,11 @@ class InferenceServer(InferenceBackend):
             The new policy version.
 
         Raises:
-            KeyError: before changing anything, if the names do not match the policy's.
-            ValueError: before changing anything, if a shape does not match.
+            KeyError, TypeError, ValueError: before changing anything, if the weights
+                do not match the policy's or cannot be copied (``checks.check_weights``).
         """
         target = self._runner.policy.state_dict(keep_vars=True)
-        check_weights(state_dict, {name: tuple(t.shape) for name, t in target.items()})
+        check_weights(state_dict, {n: (tuple(t.shape), t.dtype) for n, t in target.items()})
         with self._weights_lock, torch.no_grad():
             for name, value in state_dict.items():
                 target[name].copy_(value)
@@ -354,7 +354,9 @@ class InferenceServer(InferenceBackend):
         except ChannelClosed:
             return
         except BaseException as exc:
-            err = InferenceError(f"the inference server failed: {type(exc).__name__}: {exc}")
+            err = InferenceError(
+                f"the inference server failed: {type(exc).__name__}: {text_of(exc)}"
+            )
             err.__cause__ = exc
             self._error = err
             self._end.abort()  # unblocks every worker and the consumer

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlcollect.inference.checks import output_cast
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.recurrent import StateStore
 from rlcollect.inference.rng import DeviceRng, HostRng
@@ -376,7 +377,8 @@ class _CudaArray:
 def _check_outputs(out: Mapping[Key, torch.Tensor], fields: Mapping[Key, torch.Tensor]) -> None:
     """Each output still fits its ring field (``fields``: a tensor of the field's dtype
     and per-env shape): a float where the probe returned integers would be truncated
-    by the copy, a new shape broadcast or refused without naming the output."""
+    by the copy, a new shape broadcast or refused without naming the output; the casts
+    allowed are ``checks.output_cast``'s."""
     for key, dst in fields.items():
         src = out[key]
         if src.shape[1:] != dst.shape[1:]:
@@ -384,7 +386,11 @@ def _check_outputs(out: Mapping[Key, torch.Tensor], fields: Mapping[Key, torch.T
                 f"policy output {key} has shape {tuple(src.shape[1:])} per env, but it had "
                 f"{tuple(dst.shape[1:])} when the collector was built"
             )
-        if not torch.can_cast(src.dtype, dst.dtype):
+        if output_cast(key) == "same_kind":
+            fits = torch.can_cast(src.dtype, dst.dtype)
+        else:  # "safe": src widens into dst
+            fits = torch.promote_types(src.dtype, dst.dtype) == dst.dtype
+        if not fits:
             raise TypeError(
                 f"policy output {key} is {src.dtype} now, but it was {dst.dtype} when the "
                 "collector was built; a cast would lose what it holds"

@@ -489,10 +489,36 @@ def failure_from_exception(worker_index: int, exc: BaseException) -> WorkerFailu
         env_index = exc.env_index
         during = f" (during {exc.during})"
         exc = exc.__cause__
+    # The report must not fail on the exception it reports: without it the driver sees
+    # a worker that stopped answering (a thread) or exited with status 1 (a process).
     return WorkerFailure(
         worker_index=worker_index,
         env_index=env_index,
         exc_type=type(exc).__qualname__,
-        message=f"{exc}{during}",
-        traceback="".join(traceback.format_exception(exc)),
+        message=f"{text_of(exc)}{during}",
+        traceback=traceback_of(exc),
     )
+
+
+def traceback_of(exc: BaseException) -> str:
+    """``exc``'s formatted traceback, for a report; never raises (see :func:`text_of`)."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception as error:
+        what = type(exc).__qualname__
+        return f"(the traceback of a {what} could not be formatted: {text_of(error)})\n"
+
+
+def text_of(value: object, *, quoted: bool = False) -> str:
+    """``str(value)`` (``repr(value)`` where ``quoted``), or, where that raises, what
+    can be said without it: an error report must never fail on the object it reports
+    (an exception or a value whose ``__str__`` or ``__repr__`` is broken)."""
+    try:
+        return repr(value) if quoted else str(value)
+    except Exception as error:
+        how = "repr" if quoted else "str"
+        try:
+            why = f"{type(error).__qualname__}: {error}"
+        except Exception:
+            why = type(error).__qualname__
+        return f"<unprintable {type(value).__qualname__}: {how}() raised {why}>"

@@ -344,7 +344,12 @@ class ProcessSlotTransport(Transport):
             raise TypeError(f"worker {worker}'s program cannot be pickled: {exc}") from exc
         stop_processes([self._procs[worker]], timeout=_STOP_WAIT)
         credits_r, credits_w = os.pipe()
-        reports_r, reports_w = os.pipe()
+        try:
+            reports_r, reports_w = os.pipe()
+        except OSError:  # out of descriptors, say: none of the new ones stays open
+            os.close(credits_r)
+            os.close(credits_w)
+            raise
         os.write(credits_w, credit_bytes(layout.first_credits(worker)))  # every slot is free again
         try:
             server.replace_worker(worker, credits_w, reports_r)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rlcollect.errors import EnvError
+from rlcollect.transports.base import text_of
 from rlcollect.transports.layout import Key
 from rlcollect.worker.spec import info_key
 
@@ -57,7 +58,8 @@ def store(dst: np.ndarray, value: Any, name: str, env_index: int) -> None:
     arr = np.asarray(value)
     if arr.dtype.kind not in NUMERIC_KINDS or arr.shape != dst.shape:
         raise EnvError(env_index, "the info check") from TypeError(
-            f"env {env_index} returned info[{name!r}] = {value!r} ({arr.dtype}, shape "
+            f"env {env_index} returned info[{name!r}] = {text_of(value, quoted=True)} "
+            f"({arr.dtype}, shape "
             f"{arr.shape}); info_keys carries numbers of the dtype and shape env 0 gave at "
             f"its probe: {dst.dtype}, shape {dst.shape}"
         )

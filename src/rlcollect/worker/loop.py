@@ -47,15 +47,19 @@ waits for the go-ahead of the first round before its first request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from rlcollect.errors import EnvError
-from rlcollect.transports.base import WorkerEnd
+from rlcollect.transports.base import WorkerEnd, text_of
 from rlcollect.transports.layout import PROGRESS
+from rlcollect.worker.actions import action_bounds, outside, outside_error
+from rlcollect.worker.casts import cast_loss
 from rlcollect.worker.infos import InfoWriter
 from rlcollect.worker.progress import Progress, Stage
 from rlcollect.worker.source import Source, describe
@@ -65,6 +69,18 @@ from rlcollect.worker.vector_loop import vector_loop
 __all__ = ["run_worker"]
 
 _FLAG = (bool, np.bool_, int, np.integer)  # what terminated and truncated may be
+_REAL = (float, int, np.floating, np.integer)  # rewards, at once (else: is_real)
+
+
+def is_real(value: Any) -> bool:
+    """``value`` is one real number as numpy reads it (a bool, an integer, a float, a
+    0-d array of one): not None, a string or a complex, which numpy would store as NaN,
+    parse or refuse."""
+    try:
+        arr = np.asarray(value)
+    except Exception:
+        return False
+    return arr.shape == () and arr.dtype.kind in "biuf"
 
 
 @contextmanager
@@ -100,11 +116,17 @@ class _ObservationWriter:
             if arr.dtype == dtype:  # the usual case: a plain copy, half copyto's cost
                 dst[position, env] = arr
                 continue
+            cell = dst[position, env, ...]  # a (0-d) view for scalar observations too
             try:
-                # `[position, env, ...]` stays a (0-d) view for scalar observations (Discrete)
-                np.copyto(dst[position, env, ...], arr, casting="same_kind")
+                np.copyto(cell, arr, casting="same_kind")
             except TypeError as exc:
                 raise EnvError(env_index, "the observation check") from exc
+            lost = cast_loss(arr, cell)
+            if lost is not None:
+                where = "observation" + "".join(f"[{n!r}]" for n in path)
+                raise EnvError(env_index, "the observation check") from ValueError(
+                    f"env {env_index} returned an {where} {lost}"
+                )
 
 
 def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
@@ -281,6 +303,7 @@ def _drive(
     splits, steps, on_policy = spec.splits, spec.chunk_steps, spec.on_policy
     positions = steps * spec.slots
     members, discrete = split.members, spec.discrete_actions
+    low, high, fits = _action_check(spec.source.action_space)  # before an env sees it
     ids, episode, step_count, returns = counts.ids, counts.episode, counts.step, counts.returns
     action, next_writer, infos = ring.action, ring.next_observation, ring.infos
     reward, terminated, truncated = ring.reward, ring.terminated, ring.truncated
@@ -301,6 +324,8 @@ def _drive(
             for j in members[g]:
                 env = envs[j]
                 a = int(actions[j]) if discrete else actions[j]
+                if not (low <= a <= high if discrete else fits(a)):
+                    raise _outside(ids[j], a, spec.source.action_space)
                 # try/except, not a context manager: this runs once per env step.
                 try:
                     enter(STEP, ids[j])
@@ -310,6 +335,8 @@ def _drive(
                     raise EnvError(ids[j], "step") from exc
                 next_writer.write(p, j, obs, ids[j])
                 try:
+                    if not isinstance(r, _REAL) and not is_real(r):  # None: NaN in numpy
+                        raise TypeError(f"a reward of type {type(r).__name__} is no real number")
                     reward[p, j] = r
                     # numpy would take any object as a bool ("no" is True): only flags
                     # that are bools (or integers, as some older envs return) are flags
@@ -320,8 +347,10 @@ def _drive(
                     returns[j] += reward[p, j]
                 except (TypeError, ValueError) as exc:
                     raise EnvError(ids[j], "the step results check") from TypeError(
-                        f"env {ids[j]} returned reward={r!r}, terminated={term!r}, "
-                        f"truncated={trunc!r}: a reward must be a real number and the flags "
+                        f"env {ids[j]} returned reward={text_of(r, quoted=True)}, "
+                        f"terminated={text_of(term, quoted=True)}, "
+                        f"truncated={text_of(trunc, quoted=True)}: a reward must be a real "
+                        "number and the flags "
                         f"bools ({exc})"
                     )
                 return_field[p, j] = returns[j]
@@ -350,6 +379,23 @@ def _drive(
             for g in range(splits):
                 request(nxt, g)
         p = nxt
+
+
+def _action_check(space: Any) -> tuple[float, float, Callable[[Any], bool]]:
+    """How the loop checks an action against ``space`` (``actions.py``): a ``Discrete``
+    action by its bounds (two comparisons), any other by ``fits``."""
+    bounds = action_bounds(space)
+    if isinstance(space, spaces.Discrete) and bounds is not None:
+        return bounds[0], bounds[1], lambda a: True
+    if bounds is None:
+        return -math.inf, math.inf, lambda a: True
+    return -math.inf, math.inf, lambda a: not outside(np.asarray(a)[None], bounds)[0]
+
+
+def _outside(env_index: int, action: Any, space: Any) -> EnvError:
+    error = EnvError(env_index, "the action check")
+    error.__cause__ = outside_error(action, f"env {env_index}", space)
+    return error
 
 
 def _hand_over(end: WorkerEnd, g: int, splits: int, p: int, steps: int, nxt: int) -> int:

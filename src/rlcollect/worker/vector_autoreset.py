@@ -29,6 +29,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rlcollect.transports.layout import Key
+from rlcollect.worker.casts import cast_loss
 from rlcollect.worker.spec import Path
 from rlcollect.worker.vector_env import VectorEnvDriver, leaf
 from rlcollect.worker.vector_staging import Staging
@@ -123,3 +124,8 @@ def write_final_observation(
                 f"observation space says {dst.shape}"
             )
         np.copyto(dst, value, casting="same_kind")
+        lost = cast_loss(value, dst)
+        if lost is not None:
+            raise driver.fail("the observation check") from ValueError(
+                f"info['final_obs'] holds an observation {'/'.join(key)} {lost}"
+            )

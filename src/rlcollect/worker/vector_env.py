@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from rlcollect.errors import EnvError
+from rlcollect.transports.base import text_of
+from rlcollect.worker.actions import action_bounds, outside, outside_error
 from rlcollect.worker.progress import Progress, Stage
 from rlcollect.worker.spec import Path, WorkerSpec
 
@@ -54,6 +56,8 @@ class VectorEnvDriver:
         self.mode = source.autoreset
         self.paths = spec.observation_paths
         self.seed = None if spec.seed is None else spec.seed + self.first
+        self.space = source.action_space  # each sub-env's
+        self.bounds = action_bounds(self.space)  # actions.py: checked before a step
 
     def fail(self, during: str) -> EnvError:
         """The error to raise (``from`` its cause) for a failure ``during`` a call."""
@@ -75,6 +79,7 @@ class VectorEnvDriver:
         if self.asynchronous:
             self.send(actions)
             return self.recv()
+        self._check(actions)
         try:
             self.progress.enter(Stage.STEP, self.first)
             obs, reward, term, trunc, info = self.env.step(actions)
@@ -85,6 +90,7 @@ class VectorEnvDriver:
 
     def send(self, actions: np.ndarray) -> None:
         """Driven asynchronously: hand the sub-envs of the last result their actions."""
+        self._check(actions)
         try:
             self.progress.enter(Stage.STEP, self.first)
             self.env.send(actions)
@@ -102,12 +108,33 @@ class VectorEnvDriver:
             raise self.fail("step") from exc
         return self._result(obs, reward, term, trunc, info)
 
+    def _check(self, actions: np.ndarray) -> None:
+        """Every action lies within the action space (row ``i`` is sub-env ``i`` when
+        stepped whole; driven with send/recv, the last result's rows)."""
+        if self.bounds is None:
+            return
+        bad = outside(actions, self.bounds)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            last = self.first + self.n - 1
+            where = (
+                f"env {self.first + row}" if not self.asynchronous else f"envs {self.first}-{last}"
+            )
+            raise self.fail("the action check") from outside_error(actions[row], where, self.space)
+
     def _result(self, obs: Any, reward: Any, term: Any, trunc: Any, info: dict[str, Any]) -> Result:
         rows = len(reward)
+        rewards = np.asarray(reward)
+        if rewards.dtype.kind not in "biuf":  # None would be stored as NaN, strings parsed
+            raise self.fail("the step results check") from TypeError(
+                f"the vector env of envs {self.first}-{self.first + self.n - 1} returned "
+                f"rewards {text_of(reward, quoted=True)} ({rewards.dtype}): rewards must be "
+                "real numbers"
+            )
         return (
             self._ids(info, rows),
             obs,
-            np.asarray(reward),
+            rewards,
             np.asarray(term, dtype=bool),
             np.asarray(trunc, dtype=bool),
             info,

@@ -35,6 +35,7 @@ import numpy as np
 
 from rlcollect.transports.base import WorkerEnd
 from rlcollect.transports.layout import STAGED, Key
+from rlcollect.worker.casts import cast_loss
 from rlcollect.worker.spec import IS_INIT, WorkerSpec, observation_key
 from rlcollect.worker.vector_env import VectorEnvDriver
 
@@ -90,7 +91,13 @@ class Staging:
             )
         if arr.dtype != self.staged[key].dtype:
             try:
-                arr = arr.astype(self.staged[key].dtype, casting="same_kind")
+                cast = arr.astype(self.staged[key].dtype, casting="same_kind")
             except TypeError as exc:
                 raise driver.fail("the observation check") from exc
+            lost = cast_loss(arr, cast)
+            if lost is not None:
+                raise driver.fail("the observation check") from ValueError(
+                    f"the vector env returned an observation {'/'.join(key)} {lost}"
+                )
+            arr = cast
         return arr

@@ -35,6 +35,7 @@ import numpy as np
 
 from rlcollect.collector.batches.copied import BatchBuilder
 from rlcollect.errors import WorkerError, WorkerRestartWarning
+from rlcollect.processes import out_of_descriptors
 from rlcollect.transports.base import Transport, WorkerProgram
 from rlcollect.transports.layout import Key, RingLayout
 from rlcollect.worker.spec import WorkerSpec
@@ -111,4 +112,10 @@ class WorkerRestarts:
             ),
             stacklevel=2,
         )
-        self._transport.restart_worker(w, self._program(self._specs[w]))
+        try:
+            self._transport.restart_worker(w, self._program(self._specs[w]))
+        except OSError as exc:
+            named = out_of_descriptors(exc, f"restarting worker {w}")
+            if named is not None:
+                raise named from exc
+            raise
