@@ -261,8 +261,9 @@ class AsyncBatchedCollector(CollectorFacade):
         self._chunks = chunk_loop(plan, end, self.server, self._background, program)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
         if plan.options.policy_lag:
-            chunks = self._chunks
-            self._ahead = RoundAhead(chunks.produce, lambda: chunks.exhausted)
+            chunks, gate = self._chunks, self._chunks.gate
+            assert gate is not None  # policy_lag needs on_policy (checked)
+            self._ahead = RoundAhead(chunks.produce, lambda: chunks.exhausted, gate.claim)
 
     # ------------------------------------------------------------------ for the façade
 
@@ -323,12 +324,17 @@ class AsyncBatchedCollector(CollectorFacade):
         if gate is None:
             return self.server.update_weights(state)
         # On-policy: an update from another thread while a round runs waits for its end,
-        # so that no batch mixes two versions (collector/batches/rounds.py).
+        # so that no batch mixes two versions (collector/batches/rounds.py); with
+        # policy_lag=1, for the round collected ahead, whose failure it raises.
         with gate.between_rounds(self._check_alive):
             return self.server.update_weights(state)
 
     def _check_alive(self) -> None:
         self._background.raise_error()
+        error = None if self._ahead is None else self._ahead.take_error()
+        if error is not None:
+            self.shutdown()  # as next() does after an error
+            raise error
         if self._lifecycle.closed:
             raise CollectorError("the collector was shut down while an update waited")
 
