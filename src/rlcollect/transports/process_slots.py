@@ -389,6 +389,12 @@ class ProcessSlotTransport(Transport):
         data = os.pread(fd, os.fstat(fd).st_size, 0)
         return data.decode(errors="replace") or None
 
+    def worker_pid(self, worker: int) -> int | None:
+        """The process id of ``worker``'s process now (a restarted worker's new one)."""
+        if worker >= len(self._procs):
+            return None
+        return self._procs[worker].pid
+
     def stop_worker(self, worker: int) -> bool:
         """Kill the worker's process (SIGKILL also ends a stopped one); its death then
         reaches ``wait_chunks`` as any worker's does."""
