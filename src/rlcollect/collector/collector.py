@@ -112,7 +112,8 @@ class AsyncBatchedCollector(CollectorFacade):
             and a worker process may stay stopped, before a :class:`WorkerError` naming
             the env, the worker, the stage and how long (a restart under
             ``max_worker_restarts``); the first batch waits for every env's first
-            observation at most half of it after the first came. None: no bound
+            observation at most half of it after the first came. A policy call bounded
+            alike is an :class:`InferenceError` with the server's stack. None: no bound
             (``docs/failures.md``, *Stalls*).
         store_recurrent_state: with a recurrent policy (one with ``initial_state()``),
             every transition carries ``recurrent_state``, the state its action was
