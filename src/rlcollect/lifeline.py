@@ -15,12 +15,18 @@ readable (:func:`watch_driver`):
 End-of-file with no byte is the driver's death. A child inside a long env call or
 policy call would not see its other pipes close until the call returns; the thread
 waits a grace for the child to end by itself (a child blocked on a pipe sees it close
-at once, and ends in order), then runs its clean-up (unlinking segments, which
-nobody else will) and sends SIGKILL to the child's process group: the child and
+at once, and ends in order), then runs its clean-up (unlinking every segment it knows
+of, which nobody else will: the ring, and what its program named, registered with
+:func:`at_driver_death`) and sends SIGKILL to the child's process group: the child and
 whatever it started (``processes.py``: every child leads a group of its own). A child
 that ends in order after its driver died ends its group the same way
 (:func:`exit_child`), since no driver is left to; with its driver alive, it just exits,
 and the driver kills the group as it reaps the child (``processes.reap``).
+
+A worker starts its thread once it has loaded its program, not before: until then it
+does not know every segment its program names (the in-worker policy's weights board),
+and a worker still importing reaches its pipes by itself, finds them closed and ends
+in order, unlinking them all.
 
 Why not ``PR_SET_PDEATHSIG``: it fires when the *thread* that started the child exits,
 and a collector may be built, or restart a worker, in a thread that ends long before
@@ -38,7 +44,7 @@ import weakref
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["Lifeline", "exit_child", "watch_driver"]
+__all__ = ["Lifeline", "at_driver_death", "exit_child", "watch_driver"]
 
 _GRACE = 2.0  # seconds a child whose driver died gets to end in order before it is ended
 _ORDER_WAIT = 1.0  # seconds an ending child waits to learn whether its driver lives
@@ -80,21 +86,38 @@ def _close_both(read_fd: int, write_fd: int) -> None:
     os.close(write_fd)
 
 
+# What a child must undo if its driver dies (unlink the segments it knows of), in order.
+_CLEANUPS: list[Callable[[], None]] = []
+
+
 def watch_driver(cleanup: Callable[[], None]) -> None:
     """In a child started by ``processes.spawn``: a daemon thread that, if the driver
     dies, waits a grace for this child to end by itself, then runs ``cleanup`` (unlink
-    the segments) and kills the child's process group, the child included."""
+    the segments) and what :func:`at_driver_death` added, and kills the child's process
+    group, the child included."""
     if _lifeline_fd() < 0:
         return  # not started with a lifeline
-    threading.Thread(target=_watch, args=(cleanup,), name="rlcollect-lifeline", daemon=True).start()
+    _CLEANUPS.append(cleanup)
+    threading.Thread(target=_watch, name="rlcollect-lifeline", daemon=True).start()
 
 
-def _watch(cleanup: Callable[[], None]) -> None:
+def at_driver_death(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` too before this child ends itself for its driver's death (a
+    segment it learnt of from its program, say); nothing where it has no lifeline."""
+    if _lifeline_fd() >= 0:
+        _CLEANUPS.append(cleanup)
+
+
+def _watch() -> None:
     if _driver_alive(None):
         return  # stopped in order: the driver ends this child and its group
     time.sleep(_GRACE)  # bounded: the child's own way out first
     try:
-        cleanup()
+        for cleanup in list(_CLEANUPS):
+            try:
+                cleanup()
+            except Exception:  # the rest still runs; there is no one to tell
+                pass
     finally:
         _end_group(1)
 

@@ -104,19 +104,20 @@ c = AsyncBatchedCollector(fns, CountingPolicy(), frames_per_batch=8, total_frame
                           transport="process_slots", inference_backend={backend!r},
                           policy_device="cpu", stall_timeout=None)
 pids = [*c.transport.pids] + ([c.server.pid] if {backend!r} == "process" else [])
-print(c.transport.shm_name, *pids, flush=True)
+print(",".join([c.transport.shm_name, *c.server.segments()]), *pids, flush=True)
 for _ in c:
     pass
 """
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("backend", ["thread", "process", "worker"])
 def test_a_driver_killed_while_an_env_is_inside_a_long_call_leaves_nothing_behind(
     tmp_path, backend
 ):
     """Env 0 is inside a step that would last five minutes (no stall_timeout) when the
     driver is killed with SIGKILL: its worker notices the driver's death all the same,
-    unlinks the ring and ends, and every helper an env started goes with its worker."""
+    unlinks the ring (and the weights segment or board of the backend) and ends, and
+    every helper an env started goes with its worker."""
     marker = str(tmp_path / "hung")
     script = LONG_CALL_DRIVER.format(
         tests=TESTS, marker=marker, directory=str(tmp_path), backend=backend
@@ -129,7 +130,7 @@ def test_a_driver_killed_while_an_env_is_inside_a_long_call_leaves_nothing_behin
     )
     pids = []
     try:
-        name, *pids = driver.stdout.readline().split()
+        names, *pids = driver.stdout.readline().split()
         assert pids, driver.stderr.read()[-3000:]
         wait_until(lambda: os.path.exists(marker), timeout=LIMIT, what="env 0's long call")
         wait_until(lambda: helpers_of(tmp_path), timeout=LIMIT, what="env 1's helper")
@@ -138,7 +139,8 @@ def test_a_driver_killed_while_an_env_is_inside_a_long_call_leaves_nothing_behin
         left = [int(p) for p in pids] + list(helpers_of(tmp_path).values())
         wait_until(lambda: all(process_gone(p) for p in left), timeout=LIMIT,
                    what="the workers, the inference process and the helpers")  # fmt: skip
-        wait_until(lambda: not shm_exists(name), timeout=LIMIT, what="the ring to be unlinked")
+        wait_until(lambda: not any(shm_exists(n) for n in names.split(",")), timeout=LIMIT,
+                   what="the segments to be unlinked")  # fmt: skip
     finally:
         driver.kill()
         driver.wait(LIMIT)

@@ -61,6 +61,7 @@ from rlcollect.inference.config import InferenceConfig
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.rng import PolicyRng, policy_rng
 from rlcollect.inference.step import ActionStep
+from rlcollect.lifeline import at_driver_death
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
 from rlcollect.transports.layout import PROGRESS, STAGED, Key, request_rows
@@ -91,6 +92,9 @@ def run_worker_with_policy(end: WorkerEnd, spec: WorkerSpec, policy: InWorkerPol
     """A worker program: the collector's worker loop, its requests served in place."""
     import cloudpickle
 
+    own_process = policy.driver_pid != os.getpid()
+    if own_process:  # the board, unlinked too where the driver dies (lifeline.py)
+        at_driver_death(lambda: unlink_segment(policy.board))
     torch.set_num_threads(1)  # the other cores step the other workers' envs
     source = cloudpickle.loads(policy.payload)
     module = source() if policy.is_factory else source
@@ -100,7 +104,6 @@ def run_worker_with_policy(end: WorkerEnd, spec: WorkerSpec, policy: InWorkerPol
     except FileNotFoundError as exc:  # as the ring's: gone before this worker got going
         raise ChannelClosed("the driver closed the collector before this worker started") from exc
     try:
-        own_process = policy.driver_pid != os.getpid()
         local = InWorkerEnd(end, spec, config, module, board, own_process=own_process)
         try:
             # Inference mode is per thread, and this thread only ever acts: entered once,

@@ -121,8 +121,6 @@ def worker_main() -> None:
     batch_scheduling()
     header: WorkerHeader
     header, payload = read_handoff()
-    # The driver's death ends this worker and its group, even inside a long env call.
-    watch_driver(lambda: unlink_segment(header.shm_name))
     if header.stack_fd >= 0:
         # Written from the signal handler in C: works while the worker is stuck in a
         # native call too. The driver asks with SIGUSR1 when the worker stalled.
@@ -136,6 +134,10 @@ def worker_main() -> None:
     end = _ProcessWorker(header, ring)
     try:
         program: WorkerProgram = pickle.loads(payload)
+        # From here on the driver's death ends this worker and its group, even inside a
+        # long env call. Not before: a worker still importing reaches its pipes, and
+        # ends in order, unlinking what its program names too (lifeline.py).
+        watch_driver(lambda: unlink_segment(header.shm_name))
         program(end)
     except ChannelClosed:
         unlink_segment(header.shm_name)  # the driver may have died without unlinking
