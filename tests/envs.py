@@ -429,3 +429,55 @@ def exit_marking(directory, env_id):
 
     atexit.register(lambda: open(os.path.join(directory, str(os.getpid())), "w").close())
     return CountingEnv(env_id)
+
+
+def _stop_on_arrival(marker, env_id, driver_pid):
+    """Unpickling a StopsOnArrival: in a worker process, stop it (once per ``marker``)."""
+    import os
+    import signal
+
+    if os.getpid() != driver_pid:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGSTOP)
+    return StopsOnArrival(marker, env_id, driver_pid)
+
+
+class StopsOnArrival:
+    """An env factory (a CountingEnv) that stops its worker process with SIGSTOP as the
+    worker unpickles its program: before the worker has written anything or sent its
+    first request, as a debugger attached at start would. Once per ``marker`` file."""
+
+    def __init__(self, marker, env_id, driver_pid):
+        self.marker, self.env_id, self.driver_pid = marker, env_id, driver_pid
+
+    def __call__(self):
+        return CountingEnv(self.env_id)
+
+    def __reduce__(self):
+        return (_stop_on_arrival, (self.marker, self.env_id, self.driver_pid))
+
+
+class ForksAHelper(CountingEnv):
+    """A CountingEnv that starts a helper process, as many simulators do, which inherits
+    every inheritable descriptor of its worker (its pipes among them) and would run for
+    five minutes; the helper's pid goes to ``directory/helper-<env_id>-<worker pid>``."""
+
+    def __init__(self, env_id, directory):
+        import os
+        import subprocess
+
+        super().__init__(env_id)
+        helper = subprocess.Popen(
+            ["sleep", "300"],
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        path = os.path.join(directory, f"helper-{env_id}-{os.getpid()}")
+        with open(path + ".part", "w") as f:
+            f.write(str(helper.pid))
+        os.rename(path + ".part", path)  # whole when it appears

@@ -588,3 +588,30 @@ def biased_actor() -> torch.nn.Module:
 def sampled_share(actions: torch.Tensor) -> float:
     """The share of ``biased_actor``'s actions that are not its argmax."""
     return (actions == 0).float().mean().item()
+
+
+# Released by tests whose StuckPolicy blocks a thread of this process, so that none stays;
+# STUCK is set once one blocks (in this process).
+RELEASE_STUCK = threading.Event()
+STUCK = threading.Event()
+
+
+class StuckPolicy(CountingPolicy):
+    """A CountingPolicy whose forward, from its ``after + 1``-th call while collecting,
+    never returns (a deadlock, a stuck device call: it waits five minutes, or until
+    RELEASE_STUCK is set). The driver's probe (its main thread) is served at once."""
+
+    def __init__(self, after: int, driver_pid: int) -> None:
+        super().__init__()
+        self.after = after
+        self.driver_pid = driver_pid
+        self.served = 0
+
+    def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        probe = os.getpid() == self.driver_pid and threading.current_thread().name == "MainThread"
+        if not probe:
+            self.served += 1
+            if self.served > self.after:
+                STUCK.set()
+                RELEASE_STUCK.wait(300)
+        return super().forward(obs)

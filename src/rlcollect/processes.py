@@ -42,6 +42,23 @@ The program hand-off (:func:`spawn` in the driver, :func:`read_handoff` in the c
 
 Stopping: closing its pipes is a child's stop signal (each protocol says which);
 :func:`stop_processes` then waits for it and kills it if it does not exit.
+
+What a child starts goes with it, and a child goes with its driver:
+
+* **Its own process group.** Every child is the leader of a process group of its own
+  (in the driver's session), and whatever it starts (a simulator's helper process, say)
+  joins that group unless it leaves on purpose. A Ctrl-C at the terminal, sent to the
+  terminal's foreground group, never reaches a child (the driver decides when children
+  stop); a child ignores SIGINT as well from the first line it runs, before any import
+  (:func:`spawn`), for a SIGINT sent to it alone.
+* **Killed as a group, before it is reaped.** Whenever the driver finds a child exited
+  (:func:`reap`, :func:`wait_exit`), stops it (:func:`stop_processes`) or kills it
+  (:func:`kill`), it sends SIGKILL to the child's whole group first, so that nothing the
+  child started outlives it. Only before the child is reaped: until then its pid, which
+  is the group's id, cannot be given to another process, so the signal can reach no
+  other group (a zombie leader still pins it).
+* **The lifeline** (``lifeline.py``): a child notices its driver's death even inside a
+  long call, and then ends itself and its group.
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ import os
 import pickle
 import resource
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -65,6 +83,7 @@ from typing import Any
 import cloudpickle
 
 from rlcollect.errors import CollectorError
+from rlcollect.lifeline import Lifeline
 
 __all__ = [
     "attach_segment",
@@ -72,10 +91,12 @@ __all__ = [
     "child_env",
     "create_segment",
     "describe_exit",
+    "kill",
     "lend_pages",
     "map_every_page",
     "out_of_descriptors",
     "read_handoff",
+    "reap",
     "release_mapping",
     "shm_free_bytes",
     "spawn",
@@ -255,23 +276,56 @@ def child_env(*, single_threaded: bool = False) -> dict[str, str]:
     return env
 
 
+# A process group of its own, not a session: where the kernel schedules by session
+# (autogroup), a session per child would make each one a scheduling group of its own,
+# with a share of the CPU equal to the driver's whole session, and change how workers
+# and the driver's inference thread share the cores (docs/decisions/). Python 3.10 has
+# no process_group: setpgid in the child, before it runs anything of its own.
+_OWN_GROUP: dict[str, Any] = (
+    {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+)
+
+# The first line every child runs, before any import: SIGINT ignored, which also drops
+# one pending since the child was started (below), then let through again.
+_IGNORE_SIGINT = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
+)
+
+
 def spawn(
-    entry: str, header: Any, payload: bytes, *, pass_fds: Sequence[int], env: Mapping[str, str]
+    entry: str,
+    header: Any,
+    payload: bytes,
+    *,
+    pass_fds: Sequence[int],
+    env: Mapping[str, str],
+    lifeline: Lifeline,
 ) -> subprocess.Popen[bytes]:
     """Start ``python -c entry`` with ``header`` and ``payload`` handed off in a temporary
-    file (written in full first: the caller never waits for the child to read it)."""
+    file (written in full first: the caller never waits for the child to read it), as
+    the leader of a process group of its own, SIGINT ignored, holding ``lifeline``."""
     with tempfile.TemporaryFile() as handed:
         handed.write(cloudpickle.dumps(header))
         handed.write(payload)
         handed.flush()
         handed.seek(0)  # the child inherits the open file, offset included
         fd = handed.fileno()
-        return subprocess.Popen(
-            [sys.executable, "-c", entry, str(fd)],
-            stdin=subprocess.DEVNULL,
-            pass_fds=(*pass_fds, fd),
-            env=env,
-        )
+        # The child is in the driver's process group from its fork until it takes its
+        # own, with SIGINT's default action (subprocess resets handlers): a Ctrl-C then
+        # would kill it. Blocked here, SIGINT is blocked in the child too (the mask
+        # goes through fork and exec), stays pending, and is dropped by its first line.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-c", _IGNORE_SIGINT + entry, str(fd)],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(*pass_fds, fd, lifeline.read_fd),
+                env={**env, **lifeline.child_env()},
+                **_OWN_GROUP,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def read_handoff() -> tuple[Any, bytes]:
@@ -299,28 +353,86 @@ def batch_scheduling() -> None:
 # ---------------------------------------------------------------------- stopping a child
 
 
-def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
-    """``proc``'s exit code once it exits within ``timeout`` s, else None."""
+def reap(proc: subprocess.Popen[bytes]) -> int | None:
+    """``proc``'s exit code if it has exited (its group killed first, then reaped), else
+    None: :meth:`subprocess.Popen.poll` for a child of :func:`spawn`."""
+    if proc.returncode is not None or not _exited(proc):
+        return proc.returncode
+    kill(proc)  # what it started, while its pid still names its group
+    return proc.wait()
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to ``proc``'s whole process group (it, and whatever it started), unless it
+    was reaped already: its group id may then name another group."""
+    if proc.returncode is not None:
+        return
     try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        return None
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is empty (the leader a zombie), or a member changed its user
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """``proc``'s exit code once it exits within ``timeout`` s (reaped as by
+    :func:`reap`), else None."""
+    if _wait_exited(proc, timeout):
+        return reap(proc)
+    return None
 
 
 def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> None:
     """Wait up to ``timeout`` s in all for ``procs`` to exit (their pipes closed); kill
-    any still running, and wait up to ``timeout`` s more for each."""
+    each one's group (what it started, and it if it still runs), and wait up to
+    ``timeout`` s more for each."""
     deadline = time.monotonic() + timeout
     for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _wait_exited(proc, max(0.0, deadline - time.monotonic()))
     for proc in procs:
+        kill(proc)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             pass  # unkillable (stuck in the kernel); nothing more can be done
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``proc`` has exited, without reaping it (``WNOWAIT``)."""
+    if proc.returncode is not None:
+        return True
+    try:
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, proc.pid, flags) is not None
+    except ChildProcessError:
+        return True  # reaped already (not through Popen): gone
+
+
+def _wait_exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``proc`` to exit, without reaping it; True once it
+    has. A pidfd turns readable when its process exits (Linux 5.3); elsewhere, polls."""
+    if _exited(proc):
+        return True  # (and a reaped pid may name another process by now)
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(max(0, int(timeout * 1000)))
+        finally:
+            os.close(fd)
+        return _exited(proc)
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    while not _exited(proc):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(2 * delay, 0.05)
+    return True
 
 
 def describe_exit(code: int | None, pipe: str = "report pipe") -> str:

@@ -122,7 +122,8 @@ class AsyncBatchedCollector(CollectorFacade):
             and a worker process may stay stopped, before a :class:`WorkerError` naming
             the env, the worker, the stage and how long (a restart under
             ``max_worker_restarts``); the first batch waits for every env's first
-            observation at most half of it after the first came. None (or
+            observation at most half of it after the first came. A policy call bounded
+            alike is an :class:`InferenceError` with the server's stack. None (or
             ``float("inf")``): no bound (``docs/failures.md``, *Stalls*).
         store_recurrent_state: with a recurrent policy (one with ``initial_state()``),
             every transition carries ``recurrent_state``, the state its action was
@@ -283,8 +284,9 @@ class AsyncBatchedCollector(CollectorFacade):
         self._chunks = chunk_loop(plan, end, self.server, self._background, program)
         self._throttle = self._chunks.throttle  # the loop waits on it, the learner too
         if plan.options.policy_lag:
-            chunks = self._chunks
-            self._ahead = RoundAhead(chunks.produce, lambda: chunks.exhausted)
+            chunks, gate = self._chunks, self._chunks.gate
+            assert gate is not None  # policy_lag needs on_policy (checked)
+            self._ahead = RoundAhead(chunks.produce, lambda: chunks.exhausted, gate.claim)
 
     # ------------------------------------------------------------------ for the façade
 
@@ -351,12 +353,17 @@ class AsyncBatchedCollector(CollectorFacade):
         if gate is None:
             return self.server.update_weights(state)
         # On-policy: an update from another thread while a round runs waits for its end,
-        # so that no batch mixes two versions (collector/batches/rounds.py).
+        # so that no batch mixes two versions (collector/batches/rounds.py); with
+        # policy_lag=1, for the round collected ahead, whose failure it raises.
         with gate.between_rounds(self._check_alive):
             return self.server.update_weights(state)
 
     def _check_alive(self) -> None:
         self._background.raise_error()
+        error = None if self._ahead is None else self._ahead.take_error()
+        if error is not None:
+            self.shutdown()  # as next() does after an error
+            raise error
         if self._lifecycle.closed:
             raise CollectorError("the collector was shut down while an update waited")
 

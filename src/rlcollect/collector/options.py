@@ -213,8 +213,9 @@ class Options:
     )
     stall_timeout: float | None = _option(
         60.0,
-        "seconds an env call may run, or a worker process stay stopped, before a "
-        "`WorkerError`; None (or `inf`): no bound",
+        "seconds an env call or a policy call may run, or a worker process stay stopped, "
+        "before a `WorkerError` (`InferenceError` for the server's policy call); None (or "
+        "`inf`): no bound",
         check=values.check_stall_timeout,
     )
     store_recurrent_state: bool = _option(

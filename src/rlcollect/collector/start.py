@@ -82,7 +82,7 @@ def chunk_loop(
     throttle = None if plan.throttle is None else Throttle(*plan.throttle, o.learning_starts)
     stalls = None
     if o.stall_timeout is not None:
-        watch = StallWatch(end.buffers[PROGRESS], o.stall_timeout)
+        watch = StallWatch(end.buffers[PROGRESS], o.stall_timeout, plan.transport.worker_pid)
         stalls = Stalls(watch, plan.transport, o.stall_timeout, plan.source.envs)
     return ChunkLoop(
         end,

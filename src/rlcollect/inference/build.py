@@ -67,6 +67,7 @@ def build_server(
         batching=config.batching,
         output_keys=frozenset(key for key, _ in config.outputs),
         seed=config.seed,
+        stall_timeout=config.stall_timeout,
     )
 
 

@@ -80,7 +80,8 @@ class InferenceConfig:
     cuda_graph: bool
     weights: WeightsLayout
     seed: int | None = None  # the policy's random stream (inference/rng.py); None: unseeded
-    stall_timeout: float | None = None  # how long the process may stay stopped (SIGSTOP)
+    #: How long the process may stay stopped (SIGSTOP), and one policy call may run.
+    stall_timeout: float | None = None
     #: The probed policy is recurrent (``inference/recurrent.py``): the server holds every
     #: env's state, and the policy it builds must be recurrent too.
     recurrent: bool = False

@@ -61,14 +61,17 @@ from rlcollect.inference.config import InferenceConfig
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.inference.rng import PolicyRng, policy_rng
 from rlcollect.inference.step import ActionStep
+from rlcollect.lifeline import at_driver_death
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
-from rlcollect.transports.layout import STAGED, Key, request_rows
+from rlcollect.transports.layout import PROGRESS, STAGED, Key, request_rows
 from rlcollect.worker.loop import run_worker
+from rlcollect.worker.progress import Progress, Stage
 from rlcollect.worker.spec import WorkerSpec
 
 __all__ = ["InWorkerBackend", "InWorkerEnd", "InWorkerPolicy", "run_worker_with_policy"]
 
+_POLICY = Stage.POLICY  # the progress mark of a forward (stall_timeout)
 _PUBLISH_WAIT = 10.0  # seconds a worker may hold the board (copying weights) before an error
 _BOARD_WAIT = 60.0  # seconds a worker may wait for the driver to finish publishing
 
@@ -89,6 +92,9 @@ def run_worker_with_policy(end: WorkerEnd, spec: WorkerSpec, policy: InWorkerPol
     """A worker program: the collector's worker loop, its requests served in place."""
     import cloudpickle
 
+    own_process = policy.driver_pid != os.getpid()
+    if own_process:  # the board, unlinked too where the driver dies (lifeline.py)
+        at_driver_death(lambda: unlink_segment(policy.board))
     torch.set_num_threads(1)  # the other cores step the other workers' envs
     source = cloudpickle.loads(policy.payload)
     module = source() if policy.is_factory else source
@@ -98,7 +104,6 @@ def run_worker_with_policy(end: WorkerEnd, spec: WorkerSpec, policy: InWorkerPol
     except FileNotFoundError as exc:  # as the ring's: gone before this worker got going
         raise ChannelClosed("the driver closed the collector before this worker started") from exc
     try:
-        own_process = policy.driver_pid != os.getpid()
         local = InWorkerEnd(end, spec, config, module, board, own_process=own_process)
         try:
             # Inference mode is per thread, and this thread only ever acts: entered once,
@@ -165,6 +170,11 @@ class InWorkerEnd(WorkerEnd):
         ]
         self._outputs: dict[Key, np.ndarray] = {key: end.buffers[key] for key, _ in config.outputs}
         self._version_field = end.buffers[("policy_version",)]
+        # Each forward is marked in the worker's progress record, as an env call is: a
+        # policy that never returns is a stall (stall_timeout), found by the driver.
+        progress = Progress(end.buffers[PROGRESS])
+        self._enter, self._leave = progress.enter, progress.leave  # bound once: per forward
+        self._first_env = spec.env_offset
         self._rng: PolicyRng | None = None
         if spec.seed is not None:
             seed = _stream(spec.seed, end.index)
@@ -215,6 +225,7 @@ class InWorkerEnd(WorkerEnd):
         self._version = self._board.refresh(self.index, self._params, self._version, _BOARD_WAIT)
         tensors = {path: torch.from_numpy(ring[p, cols]) for path, ring in self._inputs}
         rng = self._rng
+        self._enter(_POLICY, self._first_env)
         if rng is None:
             out = self._runner.call(tensors)
         else:
@@ -223,6 +234,7 @@ class InWorkerEnd(WorkerEnd):
                 out = self._runner.call(tensors)
             finally:
                 rng.swap_out()
+        self._leave()
         if out.keys() != self._outputs.keys():
             raise ValueError(
                 f"policy returned outputs {sorted(out)}, but {sorted(self._outputs)} when "
@@ -254,7 +266,9 @@ class InWorkerEnd(WorkerEnd):
         else:
             flat = request_rows(self._layout, self._views, self._me, np.array([request]))
         rows = step.load(flat)
+        self._enter(_POLICY, self._first_env)
         outputs, _ = step.run(rows)
+        self._leave()
         scatter_outputs(outputs, self._step_outputs, flat)
         self._step_versions[flat] = version
         self._board.record(self.index, rows, time.perf_counter_ns() - start)

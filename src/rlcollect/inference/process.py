@@ -48,7 +48,6 @@ from __future__ import annotations
 import mmap
 import os
 import select
-import signal
 import subprocess
 import threading
 import time
@@ -64,13 +63,16 @@ from rlcollect.inference.base import InferenceBackend
 from rlcollect.inference.build import build_server
 from rlcollect.inference.checks import check_weights
 from rlcollect.inference.config import InferenceConfig, WeightsLayout
+from rlcollect.lifeline import Lifeline, exit_child, watch_driver
 from rlcollect.processes import (
     attach_segment,
     child_env,
     create_segment,
     describe_exit,
+    kill,
     process_stopped,
     read_handoff,
+    reap,
     spawn,
     stop_processes,
     unlink_segment,
@@ -139,6 +141,8 @@ class ProcessInference(InferenceBackend):
         self._send_lock = threading.Lock()
         self._next_look = 0.0
         self._stopped_since: float | None = None  # when the process was first seen stopped
+        self._lifeline: Lifeline | None = None  # its end, once started (lifeline.py)
+        self._reported = False  # the process sent its error (else: it died)
         self._shm_name, self._weights = create_segment("rlcw_", 2 * config.weights.slot_bytes)
 
     # ------------------------------------------------------------------ interface
@@ -162,13 +166,13 @@ class ProcessInference(InferenceBackend):
         if now < self._next_look or self._proc is None or self._stopped:
             return
         self._next_look = now + 0.25
-        code = self._proc.poll()
+        code = reap(self._proc)
         if code is not None:
             with self._cond:
                 if self._error is None and not self._stopped:
                     self._error = InferenceError(
-                        f"the inference process (pid {self._proc.pid}) died: "
-                        f"{describe_exit(code, 'status pipe')}"
+                        f"the inference process (pid {self._proc.pid}) died"
+                        f"{self._when()}: {describe_exit(code, 'status pipe')}"
                     )
                 self._cond.notify_all()
             return
@@ -186,7 +190,11 @@ class ProcessInference(InferenceBackend):
                         f" s: stalled (stall_timeout={timeout:g} s); it was killed"
                     )
                 self._cond.notify_all()
-            self._proc.kill()
+            kill(self._proc)
+
+    def _when(self) -> str:
+        """Where a death leaves the process: serving, or not yet (its start)."""
+        return "" if "ready" in self._replies else " while it started (before it served)"
 
     @property
     def pid(self) -> int | None:
@@ -216,8 +224,16 @@ class ProcessInference(InferenceBackend):
             self._is_factory,
         )
         fds = (control_r, status_w, *self._channel.pass_fds)
+        self._lifeline = Lifeline()
         try:
-            self._proc = spawn(_CHILD, header, self._payload, pass_fds=fds, env=child_env())
+            self._proc = spawn(
+                _CHILD,
+                header,
+                self._payload,
+                pass_fds=fds,
+                env=child_env(),
+                lifeline=self._lifeline,
+            )
         except BaseException:
             os.close(control_w)
             os.close(status_r)
@@ -236,6 +252,8 @@ class ProcessInference(InferenceBackend):
                 self._cond.wait(_REPLY_WAIT)
         if self._error is not None:
             self.stop()
+            if not self._reported:  # it died: killed, or out of memory; no fault found
+                raise self._error
             cause = self._error.__cause__
             raise ValueError(f"the policy failed in the inference process: {self._error}") from (
                 cause
@@ -296,12 +314,16 @@ class ProcessInference(InferenceBackend):
             except InferenceError:
                 pass
         self._stopped = True
+        if self._lifeline is not None:
+            self._lifeline.orderly()  # stopped in order (lifeline.py)
         if self._control is not None:
             self._control.close()  # end-of-file: the inference process exits
         if self._proc is not None:
-            stop_processes([self._proc], _STOP_WAIT)
+            stop_processes([self._proc], _STOP_WAIT)  # with its process group
         if self._reader is not None:
             self._reader.join(_STOP_WAIT)
+        if self._lifeline is not None:
+            self._lifeline.close()
         self._weights.close()
         unlink_segment(self._shm_name)
 
@@ -348,6 +370,7 @@ class ProcessInference(InferenceBackend):
                         err = InferenceError(message[1])
                         err.__cause__ = RemoteTraceback(message[2])
                         self._error = err
+                        self._reported = True
                     else:
                         self._replies[message[0]] = message[1] if len(message) > 1 else None
                     self._cond.notify_all()
@@ -360,7 +383,7 @@ class ProcessInference(InferenceBackend):
                 if self._error is None and not self._stopped:
                     how = describe_exit(code, "status pipe")
                     self._error = InferenceError(
-                        f"the inference process (pid {self.pid}) died: {how}"
+                        f"the inference process (pid {self.pid}) died{self._when()}: {how}"
                     )
                 self._cond.notify_all()
 
@@ -369,12 +392,14 @@ class ProcessInference(InferenceBackend):
 
 
 def _inference_main() -> None:
-    """Entry point of the inference process (see ``_CHILD``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
+    """Entry point of the inference process (see ``_CHILD``). It ignores SIGINT from its
+    first line on (``processes.spawn``): the driver decides when it stops."""
     import cloudpickle
 
     header: _Header
     header, payload = read_handoff()
+    # The driver's death ends this process and its group, even inside a long call.
+    watch_driver(lambda: unlink_segment(header.weights_shm))
     status = Connection(header.status_fd)
     control = Connection(header.control_fd)
     cfg = header.config
@@ -406,7 +431,7 @@ def _inference_main() -> None:
             server.stop()
         # The driver unlinks the segment too; this covers a driver killed outright.
         unlink_segment(header.weights_shm)
-        os._exit(0)  # CUDA and daemon threads need no orderly interpreter teardown
+        exit_child(0)  # CUDA and daemon threads need no orderly interpreter teardown
 
 
 def _exit_if_abandoned(control_fd: int, ready: threading.Event, weights_shm: str) -> None:
@@ -422,7 +447,7 @@ def _exit_if_abandoned(control_fd: int, ready: threading.Event, weights_shm: str
     select.select([control_fd], [], [])  # bounded: end-of-file at the latest
     if not ready.is_set():
         unlink_segment(weights_shm)
-        os._exit(0)
+        exit_child(0)
 
 
 def _serve_control(

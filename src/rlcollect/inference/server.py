@@ -30,6 +30,14 @@ keeps it for whole switch intervals (``lock_wait.py``): collection would starve.
 The first batch waits for the first request of every worker: workers start at
 different speeds (process start, env construction), and serving the early ones alone
 would fill the first batches with a few envs' data.
+
+The server's own progress is bounded too (``stall_timeout``): the loop marks each
+action step (the policy call) it runs, and whoever reads :attr:`InferenceServer.error`
+(the consuming thread, between its bounded waits; the inference process's control
+loop) finds a step under way for longer than that, counted from when it first saw it.
+That is the server's error, with the server thread's Python stack, and the ring is
+aborted, so that every worker stops; a thread cannot be stopped, so the server thread
+is left blocked in the policy (a daemon thread; the inference process exits with it).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import math
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections import deque
 from collections.abc import Mapping
@@ -136,6 +145,8 @@ class InferenceServer(InferenceBackend):
         seed: seeds the policy's own random stream (``step.seed``, ``inference/rng.py``);
             None leaves it unseeded: a policy on the CPU then draws from the process's
             stream, one on a GPU from a stream of the step's own seeded by the OS.
+        stall_timeout: seconds one action step (the policy call) may run before
+            :attr:`error` says the server stalled; None: no bound.
 
     The server owns the policy copy inside ``runner``; :meth:`update_weights` changes it
     between batches only and bumps :attr:`policy_version`, which is stamped on every
@@ -213,6 +224,7 @@ class InferenceServer(InferenceBackend):
         batching: BatchingConfig,
         output_keys: frozenset[Key],
         seed: int | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         self._runner = runner
         if seed is not None:
@@ -248,6 +260,10 @@ class InferenceServer(InferenceBackend):
         self._latencies = np.zeros(_LATENCIES, np.float64)
         self._served = 0
         self._warned_of_lock = False
+        self._stall_timeout = stall_timeout
+        self._steps_begun = 0
+        self._in_step = 0  # the number of the action step under way; 0: none
+        self._step_seen: tuple[int, float] | None = None  # (step, first seen under way)
 
     @property
     def policy_version(self) -> int:
@@ -256,8 +272,35 @@ class InferenceServer(InferenceBackend):
 
     @property
     def error(self) -> InferenceError | None:
-        """Why the server thread stopped serving, or None."""
+        """Why the server thread stopped serving, or None. With a ``stall_timeout``, an
+        action step seen under way for longer than that is the error (module docstring)."""
+        if self._error is None and self._stall_timeout is not None:
+            self._look_for_a_stall(self._stall_timeout)
         return self._error
+
+    def _look_for_a_stall(self, timeout: float) -> None:
+        step, now = self._in_step, time.monotonic()
+        seen = self._step_seen
+        if not step:
+            self._step_seen = None
+            return
+        if seen is None or seen[0] != step:
+            self._step_seen = (step, now)
+            return
+        if now - seen[1] <= timeout or self._in_step != step:
+            return
+        frame = None
+        if self._thread is not None:
+            frame = sys._current_frames().get(self._thread.ident or -1)
+        stack = "" if frame is None else "".join(traceback.format_stack(frame))
+        message = (
+            f"the inference server has not finished its policy call in {now - seen[1]:.1f} "
+            f"s: stalled (stall_timeout={timeout:g} s)"
+        )
+        if stack:
+            message += f"\nthe inference server's Python stack:\n{stack.rstrip()}"
+        self._error = InferenceError(message)
+        self._end.abort()  # every worker stops; the server thread stays in the policy
 
     def pause(self, timeout: float) -> None:
         """Hold the server between two batches; returns once it holds.
@@ -310,10 +353,25 @@ class InferenceServer(InferenceBackend):
         Raises:
             KeyError, TypeError, ValueError: before changing anything, if the weights
                 do not match the policy's or cannot be copied (``checks.check_weights``).
+            InferenceError: the server failed or stalled (in the policy call these
+                weights wait for).
         """
         target = self._runner.policy.state_dict(keep_vars=True)
         check_weights(state_dict, {n: (tuple(t.shape), t.dtype) for n, t in target.items()})
-        with self._weights_lock, torch.no_grad():
+        # Bounded: a policy call that never returns holds the lock (stall_timeout).
+        while not self._weights_lock.acquire(timeout=_IDLE_WAIT):
+            error = self.error
+            if error is not None:
+                raise error
+        try:
+            return self._copy_weights(target, state_dict, version)
+        finally:
+            self._weights_lock.release()
+
+    def _copy_weights(
+        self, target: Mapping[str, Any], state_dict: Mapping[str, Any], version: int | None
+    ) -> int:
+        with torch.no_grad():
             for name, value in state_dict.items():
                 target[name].copy_(value)
             if self._runner.device.type == "cuda":
@@ -460,9 +518,14 @@ class InferenceServer(InferenceBackend):
         flat = request_rows(self._layout, self._end.buffers, workers, requests)
         self._step.load(flat)
         t1 = clock()
-        with self._weights_lock:
-            outputs, (h2d, d2h) = self._step.run(rows)
-            version = self._version
+        self._steps_begun += 1
+        self._in_step = self._steps_begun  # marked: stall_timeout bounds the step
+        try:
+            with self._weights_lock:
+                outputs, (h2d, d2h) = self._step.run(rows)
+                version = self._version
+        finally:
+            self._in_step = 0
         t2 = clock()
         scatter_outputs(outputs, self._output_rows, flat)
         self._version_rows[flat] = version

@@ -419,6 +419,13 @@ class Transport(ABC):
         default). Called from the consuming thread; returns within about a second."""
         return None
 
+    def worker_pid(self, worker: int) -> int | None:
+        """The id of the process that runs ``worker`` now, for the stall watch
+        (``stall_timeout``): a process stopped (SIGSTOP, a debugger) before it wrote
+        anything is found from it. None where a worker is no process of its own
+        (threads; by default): the watch then reads the pid the worker wrote itself."""
+        return None
+
     def stop_worker(self, worker: int) -> bool:
         """Stop stalled worker ``worker`` at once, so that its end reaches
         :meth:`ServerEnd.wait_chunks` as any worker's death does (after every chunk it

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlcollect.errors import ChannelClosed, WorkerError, WorkerFailure
-from rlcollect.processes import attach_segment, describe_exit, release_mapping, wait_exit
+from rlcollect.lifeline import Lifeline
+from rlcollect.processes import attach_segment, describe_exit, reap, release_mapping, wait_exit
 from rlcollect.transports.base import RequestChannel, RequestEnd, ServerEnd
 from rlcollect.transports.generations import Generations, response_token
 from rlcollect.transports.layout import RingLayout
@@ -70,8 +71,10 @@ class ProcessServerEnd(ServerEnd):
         responses_w: list[int],
         credits_w: list[int],
         reports_r: list[int],
+        lifeline: Lifeline | None = None,
     ) -> None:
         self.buffers = layout.views(ring)
+        self._lifeline = lifeline
         self._ring = ring
         self._procs = procs
         self._requests_r = requests_r
@@ -149,7 +152,7 @@ class ProcessServerEnd(ServerEnd):
         self._look_at = time.monotonic() + _LIVENESS_EVERY
         if self._aborted:
             return []  # workers exit when aborted: that is no failure of theirs
-        dead = {w for w, proc in enumerate(self._procs) if proc.poll() is not None}
+        dead = {w for w, proc in enumerate(self._procs) if reap(proc) is not None}
         return [(fd, select.POLLIN) for fd, w in self._reports_r.items() if w in dead]
 
     def _read_chunks(self, drain: bool = False) -> list[tuple[int, int]]:
@@ -222,6 +225,8 @@ class ProcessServerEnd(ServerEnd):
             if self._aborted:
                 return
             self._aborted = True
+            if self._lifeline is not None:
+                self._lifeline.orderly()  # before the pipes: the workers are stopped
             os.write(self._wake_w, b"\x01")
             for fd in (*self._responses_w, *self._credits_w):
                 os.close(fd)

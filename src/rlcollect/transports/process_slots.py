@@ -62,8 +62,12 @@ The ring protocol (who writes what, in what order, why it is safe):
   ``credits[i]``; a worker's blocking read then returns end-of-file and it exits,
   unlinking the segment in case the driver died without doing so (its envs closed and
   its exit handlers run, but no interpreter teardown: ``process_worker._exit_now``).
-  The same happens when the driver dies, however it dies. A worker's death closes its
-  end of ``reports[i]``, which wakes the driver's poll at once.
+  The same happens when the driver dies, however it dies; a worker inside a long env
+  call then is ended by its lifeline (``rlcollect/lifeline.py``: the driver writes its
+  byte before it closes anything, so a worker tells a stop from a death). A worker's
+  death closes its end of ``reports[i]``, which wakes the driver's poll at once; the
+  driver kills the worker's process group (whatever its envs started) before it reaps
+  it (``processes.reap``).
 * With ``inference_backend="process"`` (``request_channel``) the server runs in another
   process: it maps the segment, reads the requests pipe and writes the response pipes
   itself (``process_server._RequestEnd``), by the rules above; chunks still go to the
@@ -102,10 +106,13 @@ from typing import Any
 import cloudpickle
 
 from rlcollect.errors import CollectorError
+from rlcollect.lifeline import Lifeline
 from rlcollect.processes import (
     child_env,
     create_segment,
+    kill,
     process_stopped,
+    reap,
     spawn,
     stop_processes,
     unlink_segment,
@@ -183,6 +190,8 @@ class ProcessSlotTransport(Transport):
         # a restarted worker inherits its predecessor's.
         self._stack_fds: list[int] = []
         self._child_env: dict[str, str] = {}
+        # Every worker's read end: its driver's death reaches it (lifeline.py).
+        self._lifeline: Lifeline | None = None
 
     supports_restart = True
     pickles_programs = True
@@ -198,7 +207,7 @@ class ProcessSlotTransport(Transport):
     @property
     def exit_codes(self) -> list[int | None]:
         """Each worker's exit code (negative: killed by that signal), None while running."""
-        return [p.poll() for p in self._procs]
+        return [reap(p) for p in self._procs]
 
     @property
     def shm_name(self) -> str | None:
@@ -247,6 +256,7 @@ class ProcessSlotTransport(Transport):
         self._shm_name = name
         self._layout = layout
         self._finalizer = weakref.finalize(self, _emergency_cleanup, name, self._procs)
+        self._lifeline = Lifeline()
 
         # Until the server end owns the driver's ends, every descriptor is in `opened`,
         # closed if anything fails (a low fd limit fails here, half-way through).
@@ -276,6 +286,7 @@ class ProcessSlotTransport(Transport):
                 responses_w=[p[0][1] for p in pipes],
                 credits_w=[p[1][1] for p in pipes],
                 reports_r=[p[2][0] for p in pipes],
+                lifeline=self._lifeline,
             )
         except BaseException:
             for fd in opened:
@@ -319,7 +330,10 @@ class ProcessSlotTransport(Transport):
         fds: tuple[int, ...] = (h.requests_w, h.chunks_w, h.responses_r, h.credits_r, h.reports_w)
         if h.stack_fd >= 0:
             fds += (h.stack_fd,)
-        return spawn(_CHILD, header, payload, pass_fds=fds, env=self._child_env)
+        assert self._lifeline is not None  # made in start(), before any worker
+        return spawn(
+            _CHILD, header, payload, pass_fds=fds, env=self._child_env, lifeline=self._lifeline
+        )
 
     def restart_worker(self, worker: int, program: WorkerProgram) -> None:
         """Start a new process for ``worker`` after its old one failed or died (the
@@ -373,7 +387,7 @@ class ProcessSlotTransport(Transport):
     def worker_stack(self, worker: int) -> str | None:
         """The worker's Python stack (every thread of it), which it writes when sent
         SIGUSR1; None when it is stopped, has exited, or writes nothing within a second."""
-        if self._closed or worker >= len(self._procs) or self._procs[worker].poll() is not None:
+        if self._closed or worker >= len(self._procs) or reap(self._procs[worker]) is not None:
             return None
         proc, fd = self._procs[worker], self._stack_fds[worker]
         if fd < 0 or process_stopped(proc.pid):
@@ -394,27 +408,35 @@ class ProcessSlotTransport(Transport):
         data = os.pread(fd, os.fstat(fd).st_size, 0)
         return data.decode(errors="replace") or None
 
+    def worker_pid(self, worker: int) -> int | None:
+        """The process id of ``worker``'s process now (a restarted worker's new one)."""
+        if worker >= len(self._procs):
+            return None
+        return self._procs[worker].pid
+
     def stop_worker(self, worker: int) -> bool:
-        """Kill the worker's process (SIGKILL also ends a stopped one); its death then
-        reaches ``wait_chunks`` as any worker's does."""
+        """Kill the worker's process and whatever it started (SIGKILL also ends a stopped
+        one); its death then reaches ``wait_chunks`` as any worker's does."""
         if self._closed or worker >= len(self._procs):
             return False
-        proc = self._procs[worker]
-        if proc.poll() is None:
-            proc.kill()
+        kill(self._procs[worker])
         return True
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._lifeline is not None:
+            self._lifeline.orderly()  # the workers stop in order (lifeline.py)
         if self._server is not None:
             self._server.abort()
         if self._shm_name is not None:
             unlink_segment(self._shm_name)
-        stop_processes(self._procs, timeout=_STOP_WAIT)
+        stop_processes(self._procs, timeout=_STOP_WAIT)  # each with its process group
         if self._server is not None:
             self._server.close_all()
+        if self._lifeline is not None:
+            self._lifeline.close()
         stacks = [fd for fd in self._stack_fds if fd >= 0]
         for fd in (*(self._shared_w or ()), *self._responses_r, *stacks):
             os.close(fd)
@@ -453,5 +475,4 @@ def _emergency_cleanup(name: str, procs: list[subprocess.Popen[bytes]]) -> None:
     """Runs when a transport is garbage-collected or the interpreter exits unclosed."""
     unlink_segment(name)
     for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
+        kill(proc)  # each worker with whatever it started

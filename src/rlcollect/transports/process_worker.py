@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from rlcollect.errors import ChannelClosed, WorkerFailure
+from rlcollect.lifeline import exit_child, watch_driver
 from rlcollect.processes import (
     attach_segment,
     batch_scheduling,
@@ -114,9 +115,9 @@ def _read_token(fd: int, size: int = 1) -> bytes:
 
 
 def worker_main() -> None:
-    """Entry point of a worker process (``process_slots._CHILD`` runs it); imports no torch."""
-    # Ctrl-C reaches the whole process group; the driver decides how workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Entry point of a worker process (``process_slots._CHILD`` runs it); imports no torch.
+    It ignores SIGINT from its first line on (``processes.spawn``): the driver decides
+    how workers stop."""
     batch_scheduling()
     header: WorkerHeader
     header, payload = read_handoff()
@@ -133,6 +134,10 @@ def worker_main() -> None:
     end = _ProcessWorker(header, ring)
     try:
         program: WorkerProgram = pickle.loads(payload)
+        # From here on the driver's death ends this worker and its group, even inside a
+        # long env call. Not before: a worker still importing reaches its pipes, and
+        # ends in order, unlinking what its program names too (lifeline.py).
+        watch_driver(lambda: unlink_segment(header.shm_name))
         program(end)
     except ChannelClosed:
         unlink_segment(header.shm_name)  # the driver may have died without unlinking
@@ -148,11 +153,12 @@ def _exit_now() -> NoReturn:
     """The end of a worker the driver stopped: exit handlers run and output is flushed,
     then the process exits without the interpreter's teardown, which is slow with torch
     imported (the ``"worker"`` inference backend), while the driver's ``close`` waits
-    for every worker to exit. The worker loop has closed the envs already."""
+    for every worker to exit. The worker loop has closed the envs already. Where the
+    driver died instead, whatever the worker started ends with it (``exit_child``)."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass  # no stream, or a closed one: nothing to flush
-    os._exit(0)
+    exit_child(0)

@@ -28,11 +28,13 @@ SINCE, STAGE, ENV, PID = range(4)
 
 
 class Stage(IntEnum):
-    """What an env call is doing."""
+    """What an env call is doing; or the policy, where a worker runs it
+    (``inference_backend="worker"``)."""
 
     CONSTRUCTION = 1
     RESET = 2
     STEP = 3
+    POLICY = 4
 
 
 class Progress:

@@ -9,13 +9,17 @@ before an update (an env running ahead of the learner) shows the old tag.
 
 import functools
 import gc
+import os
+import re
+import signal
 import threading
 import time
 
+import envs
 import gymnasium as gym
 import pytest
 import torch
-from envs import StepCounter, async_factories, sync_factories
+from envs import HangOnce, StepCounter, async_factories, sync_factories
 from helpers import (
     CountingPolicy,
     ListBuffer,
@@ -30,7 +34,7 @@ from helpers import (
 )
 
 from rlcollect import AsyncBatchedCollector, ReplayBuffer
-from rlcollect.errors import CollectorError, WorkerError
+from rlcollect.errors import CollectorError, InferenceError, WorkerError
 from rlcollect.testing import CountingEnv, CountingVectorEnv
 
 # transport, inference backend
@@ -462,3 +466,113 @@ def test_time_major_batches_are_the_rounds_transposed_and_contiguous(source, pol
             assert steps[key].is_contiguous(), key
         # column e is env e, row t its t-th step of the round
         assert bool((steps["env_index"] == torch.arange(num_envs)).all())
+
+
+# A failure of the round collected ahead, which the learner's update after batch 1 waits
+# for (round 2: env 2's episode 2, step 1, its 17th step; T = 7). Each fault is real.
+AHEAD_FAULTS = {
+    "env-raises": ("thread", "thread"),
+    "env-raises-process": ("process_slots", "thread"),
+    "env-stalls": ("thread", "thread"),
+    "env-stalls-process": ("process_slots", "thread"),
+    "worker-killed": ("process_slots", "thread"),
+    "inference-process-killed": ("process_slots", "process"),
+}
+
+
+@pytest.mark.parametrize("fault", list(AHEAD_FAULTS))
+def test_policy_lag_one_a_failed_round_ahead_ends_the_update_waiting_for_it(fault, tmp_path):
+    """The update after batch 1 waits for round 2, collected ahead; that round fails.
+    The update raises the round's error (never a hang, whatever stall_timeout says), and
+    the collector is shut down, as after an error from next()."""
+    transport, backend = AHEAD_FAULTS[fault]
+    marker = str(tmp_path / "hung")
+    fns = counting_envs(4)
+    if fault.startswith("env-raises"):
+        fns[2] = functools.partial(CountingEnv, 2, fail_at=(2, 1))
+    else:
+        fns[2] = functools.partial(HangOnce, 2, marker, at=(2, 1))
+    stall = 1.0 if fault.startswith("env-stalls") else 60.0
+    policy = CountingPolicy()
+    c = AsyncBatchedCollector(
+        fns, policy, frames_per_batch=4 * 7, total_frames=-1, transport=transport,
+        inference_backend=backend, policy_device="cpu", on_policy=True, policy_lag=1,
+        stall_timeout=stall,
+    )  # fmt: skip
+    seen: dict[str, object] = {"batches": 0}
+
+    def learner():
+        try:
+            for _ in c:
+                seen["batches"] += 1
+                seen["where"] = "update"
+                c.update_policy_weights_(policy)
+                seen["where"] = "next"
+        except BaseException as error:
+            seen["error"] = error
+
+    thread = threading.Thread(target=learner, daemon=True)
+    envs.RELEASE_HANGS.clear()
+    try:
+        thread.start()
+        if fault in ("worker-killed", "inference-process-killed"):
+            wait_until(lambda: os.path.exists(marker), timeout=60, what="round 2 to hang")
+            pid = c.transport.pids[2] if fault == "worker-killed" else c.server.pid
+            os.kill(pid, signal.SIGKILL)
+        thread.join(60)
+        assert not thread.is_alive(), f"{fault}: the learner hangs in {seen.get('where')}"
+    finally:
+        envs.RELEASE_HANGS.set()  # a worker thread blocked in HangOnce
+    error = seen["error"]
+    assert seen["batches"] == 2 and seen["where"] == "update", (seen, error)
+    expected = {
+        "env-raises": r"env 2 \(worker 2\) raised RuntimeError: .* failed on purpose",
+        "env-stalls": r"env 2 \(worker 2\) has not finished its step .* stalled",
+        "worker-killed": r"worker 2 \(pid \d+\) died .*killed by SIGKILL",
+        "inference-process-killed": r"the inference process \(pid \d+\) died: killed by SIGKILL",
+    }[fault.removesuffix("-process")]
+    kind = InferenceError if fault == "inference-process-killed" else WorkerError
+    assert isinstance(error, kind) and re.search(expected, str(error)), repr(error)
+    check_clean(c)
+    assert not any(t.name == "rlcollect-next-round" for t in threading.enumerate())
+    with pytest.raises(CollectorError, match="shut down"):
+        next(c)  # raised once: the collector is shut down
+
+
+def test_policy_lag_one_an_update_right_after_next_waits_for_the_round_ahead():
+    """Round k+1 belongs to batch k's hand-out, not to when its helper thread runs: an
+    update made at once after next() returned waits for that round, whose rows are all
+    of the weights before it, however late the helper starts (held back here until the
+    update has come)."""
+    policy = TaggedPolicy(0)
+    with make(("process_slots", "thread"), "plain", policy, batches=3, policy_lag=1) as c:
+        gate, produce, between_rounds = (
+            c._chunks.gate,
+            c._ahead._produce,
+            c._chunks.gate.between_rounds,
+        )
+        updated, asked = threading.Event(), threading.Event()
+
+        def late_produce():
+            if threading.current_thread().name == "rlcollect-next-round":
+                # Start the round only once the update was made (and, the round claimed
+                # in next(), waits for it; else it has landed: the lag of one lost).
+                assert asked.wait(60), "the learner's update never came"
+            return produce()
+
+        def update_asked(alive):
+            asked.set()
+            return between_rounds(alive)
+
+        gate.between_rounds = update_asked
+        c._ahead._produce = late_produce
+        assert int(next(c)["policy_version"].unique()) == 0
+        with torch.no_grad():
+            policy.tag.fill_(1)
+        update = threading.Thread(target=lambda: (c.update_policy_weights_(policy), updated.set()))
+        update.start()
+        batch = next(c)
+        update.join(60)
+        assert updated.is_set()
+    assert batch["policy_version"].unique().tolist() == [0], "round 1 used the new weights"
+    assert batch["tag"].unique().tolist() == [0.0]

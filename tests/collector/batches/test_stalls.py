@@ -14,8 +14,15 @@ import time
 import envs
 import pytest
 import torch
-from envs import HangingFactory, HangOnce
-from helpers import CountingPolicy, check_clean, counting_envs, process_gone, wait_until
+from envs import HangingFactory, HangOnce, StopsOnArrival
+from helpers import (
+    CountingPolicy,
+    check_clean,
+    counting_envs,
+    first_error_within_bound,
+    process_gone,
+    wait_until,
+)
 from test_restarts import check_restarted_streams, collect_past_restarts
 
 from rlcollect import AsyncBatchedCollector, InferenceError, WorkerError
@@ -105,6 +112,25 @@ def test_a_stopped_worker_process_is_a_named_error():
     os.kill(pid, signal.SIGSTOP)
     error = next_until_error(c)
     assert f"worker 0 (pid {pid}) has been stopped (SIGSTOP" in str(error)
+    assert error.worker_index == 0
+    c.shutdown()
+    wait_until(lambda: process_gone(pid), what="the stopped worker to be killed")
+    check_clean(c)
+
+
+@pytest.mark.parametrize("backend", ["thread", "worker", "process"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_stopped_before_its_first_request_is_a_named_error(backend, workers, tmp_path):
+    """Worker 0 stops itself (SIGSTOP) while it unpickles its program: it has written
+    no progress record and sent no request. It is found from its process all the same:
+    with one worker next() would block without bound, with two its envs would be
+    missing from every batch."""
+    fns = [StopsOnArrival(str(tmp_path / "stopped"), 0, os.getpid()), *counting_envs(workers)[1:]]
+    c = make("process_slots", fns, inference_backend=backend)
+    pid = c.transport.pids[0]
+    error = first_error_within_bound(c, LIMIT)  # one worker: next() itself must end
+    assert isinstance(error, WorkerError), repr(error)
+    assert f"worker 0 (pid {pid}) has been stopped (SIGSTOP" in str(error), str(error)
     assert error.worker_index == 0
     c.shutdown()
     wait_until(lambda: process_gone(pid), what="the stopped worker to be killed")

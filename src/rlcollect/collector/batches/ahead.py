@@ -19,9 +19,17 @@ round starts only when the batch before it is handed out. The round's own rules 
 
 The helper is started only while the budget has batches left (``exhausted``), so it
 never asks past the last batch: the collector stays up after handing it out, and the
-caller's last ``update_policy_weights_`` lands as in a plain loop. The helper keeps its
-error for the caller's next ``next()``; a shutdown ends its round (every wait in
-``produce`` is bounded and checks for it), and :meth:`RoundAhead.stop` joins it.
+caller's last ``update_policy_weights_`` lands as in a plain loop. Its round is claimed
+(``claim``: ``RoundGate.claim`` in ``rounds.py``) before the helper starts, in the
+caller's thread: an update made after ``next()`` returned waits for that round however
+late the helper is scheduled.
+
+The helper keeps its error for the caller's next call: ``next()``, or the
+``update_policy_weights_`` that waits for the failed round (:meth:`RoundAhead.take_error`;
+the round's watchdog, stalls, worker deaths and the server's health, runs in the
+helper, in ``produce``). Whichever comes first raises it, once. A shutdown ends the
+helper's round (every wait in ``produce`` is bounded and checks for it), and
+:meth:`RoundAhead.stop` joins it.
 
 ``pause()`` holds collection between two rounds, as it does without a lag (where no
 round runs between two ``next()`` calls): :class:`PauseBetweenRounds` lets the helper's
@@ -46,15 +54,21 @@ class RoundAhead:
     """Produces the next batch in a helper thread as soon as one is handed out."""
 
     def __init__(
-        self, produce: Callable[[], TensorDict | None], exhausted: Callable[[], bool]
+        self,
+        produce: Callable[[], TensorDict | None],
+        exhausted: Callable[[], bool],
+        claim: Callable[[], None],
     ) -> None:
-        # Neither callable may hold the collector: its garbage collection shuts it down.
+        # No callable may hold the collector: its garbage collection shuts it down.
         self._produce = produce
         self._exhausted = exhausted
+        self._claim = claim
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._batch: TensorDict | None = None
         self._error: BaseException | None = None
+        self._error_lock = threading.Lock()  # next() and take_error() may race for it
+        self._taken = False  # take_error() raised the helper's error already
 
     def next(self) -> TensorDict | None:
         """The next batch (the helper's, once it has one); None once the budget is met."""
@@ -67,10 +81,15 @@ class RoundAhead:
             self._thread.join()
             self._thread = None
             batch, self._batch = self._batch, None
-            error, self._error = self._error, None
+            with self._error_lock:
+                error, self._error = self._error, None
+                taken, self._taken = self._taken, False
             if error is not None:
                 raise error
+            if taken:  # raised by an update, which shut the collector down
+                raise CollectorError("the collector is shut down")
         if batch is not None and not self._exhausted():
+            self._claim()
             self._done.clear()
             self._thread = threading.Thread(
                 target=self._run, name="rlcollect-next-round", daemon=True
@@ -87,10 +106,20 @@ class RoundAhead:
     def _run(self) -> None:
         try:
             self._batch = self._produce()
-        except BaseException as error:  # kept for the caller's next()
-            self._error = error
+        except BaseException as error:  # kept for the caller's next call
+            with self._error_lock:
+                self._error = error
         finally:
             self._done.set()
+
+    def take_error(self) -> BaseException | None:
+        """The helper's error, once it ended with one, for a call other than ``next()``
+        to raise (``next()`` then says the collector is shut down); None otherwise."""
+        with self._error_lock:
+            error, self._error = self._error, None
+            if error is not None:
+                self._taken = True
+            return error
 
     def stop(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the helper (the collector is shut down)."""

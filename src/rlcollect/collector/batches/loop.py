@@ -127,9 +127,18 @@ class ChunkLoop:
         self._check_server()
 
     def _next_batch(self, quiet_point: Callable[[], None]) -> TensorDict | None:
-        builder, end, restarts, gate = self._builder, self._end, self.restarts, self.gate
         if self.exhausted:
             return None
+        if self.gate is None:
+            return self._build(quiet_point)
+        try:
+            return self._build(quiet_point)
+        except BaseException:
+            self.gate.fail()  # an update waiting for this round learns why, never lands
+            raise
+
+    def _build(self, quiet_point: Callable[[], None]) -> TensorDict:
+        builder, end, restarts, gate = self._builder, self._end, self.restarts, self.gate
         t0 = time.perf_counter()
         self._give_back_returned()
         if gate is not None:

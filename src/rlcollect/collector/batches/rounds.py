@@ -23,7 +23,14 @@ the gating, with the credits it already has:
   handed over (``worker/loop.py``, ``worker/vector_loop.py``).
 * An update made while a round runs (only possible from another thread, e.g. with
   ``start()``) waits for the round's end (:meth:`RoundGate.between_rounds`), so it
-  lands between two batches and never splits one.
+  lands between two batches and never splits one. With ``policy_lag=1`` the round
+  collected ahead is claimed (:meth:`RoundGate.claim`) in the caller's thread as its
+  batch's predecessor is handed out, before the helper thread that runs it is
+  scheduled: an update made then waits for that round, which is the lag of one.
+* A round that fails (an env raised, a worker died or stalled, the server failed)
+  ends the wait of every update (:meth:`RoundGate.fail`): the update never lands on a
+  broken round; it waits, bounded, until ``alive`` raises the failure, which the
+  consuming thread hands on (``collector.py``).
 
 :class:`RolloutBuilder` places each worker's ``[T, envs]`` chunk as rows of the
 ``[num_envs, T]`` batch: the chunk's rows sorted by ``env_index``, stably, are each env's
@@ -135,7 +142,10 @@ class RoundGate:
         self._held: list[tuple[int, int]] = [(w, 0) for w in range(num_workers)]
         self._cond = threading.Condition()
         self._in_round = False
-        self._updates = 0  # updates waiting for the round to end
+        self._claimed = False  # the next round is claimed already (policy_lag=1)
+        self._failed = False  # a round failed: no update may land any more
+        self._waiting = 0  # updates waiting for the round to end
+        self._landing = 0  # updates past that wait, being applied
 
     def hold(self, worker: int, slot: int) -> None:
         """Keep ``slot`` (copied) from ``worker`` until the next batch is asked for."""
@@ -150,10 +160,14 @@ class RoundGate:
                 "workers' slots held back: the previous round is incomplete"
             )
         with self._cond:
-            while self._updates:  # an update waits for this boundary: let it land first
+            # An update waits for this boundary: let it land first, unless the round
+            # was claimed before that update came (policy_lag=1). One landing already
+            # lands first in any case.
+            while self._landing or (self._waiting and not self._claimed):
                 self._cond.wait(_POLL)
                 idle()
             self._in_round = True
+            self._claimed = False
         version = self._server.policy_version
         while not self._server.wait_applied(version, _POLL):
             idle()
@@ -168,21 +182,47 @@ class RoundGate:
             self._in_round = False
             self._cond.notify_all()
 
+    def claim(self) -> None:
+        """Claim the next round now, in the thread that hands out the batch before it
+        (``policy_lag=1``): an update made from here on waits for that round's end,
+        however late the thread that opens it runs."""
+        with self._cond:
+            self._in_round = self._claimed = True
+
+    def fail(self) -> None:
+        """The round (open, or claimed) ended by a failure: nothing waits for it any
+        more, and no update lands after it."""
+        with self._cond:
+            self._in_round = self._claimed = False
+            self._failed = True
+            self._cond.notify_all()
+
     @contextlib.contextmanager
     def between_rounds(self, alive: Callable[[], None]) -> Iterator[None]:
         """Hold the next round back for the ``with`` block, after the one running ends.
-        ``alive`` raises when waiting is pointless (the collector shut down or failed)."""
+        ``alive`` raises when waiting is pointless (the collector shut down or failed);
+        after a failed round it must raise, and the update waits until it does."""
         with self._cond:
-            self._updates += 1
+            self._waiting += 1
+        landing = False
         try:
-            with self._cond:
-                started = time.monotonic()
-                while self._in_round:
+            started = time.monotonic()
+            while not landing:
+                with self._cond:
+                    failed = self._failed
+                    if not (self._in_round or failed):
+                        self._waiting -= 1
+                        self._landing += 1  # in the same hold: no round opens now
+                        landing = True
+                        continue
                     self._cond.wait(_POLL)
-                    if time.monotonic() - started > _POLL:
-                        alive()
+                if failed or time.monotonic() - started > _POLL:
+                    alive()  # without the lock: it may shut the collector down
             yield
         finally:
             with self._cond:
-                self._updates -= 1
+                if landing:
+                    self._landing -= 1
+                else:
+                    self._waiting -= 1
                 self._cond.notify_all()

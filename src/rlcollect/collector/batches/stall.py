@@ -1,5 +1,9 @@
 """Stalls: an env call that does not return, or a worker that stopped running.
 
+(The policy run inside a worker, ``inference_backend="worker"``, is marked as a call too,
+stage ``POLICY``: a forward that never returns is found the same way. A batching
+server bounds its own policy calls: ``inference/server.py``.)
+
 A worker's progress record (the ring's :data:`~rlcollect.transports.layout.PROGRESS`
 array, one row per worker, int64) says what the worker is doing::
 
@@ -23,14 +27,18 @@ then, since the wait is the learner's or the server's, not the env's.
 
 A process that is stopped (SIGSTOP, a debugger, Ctrl-Z) shows no stall in its record if
 it stopped while waiting; its process state says it, which is why the record holds the
-pid. Worker threads (the thread transport) have the driver's pid, and are never stopped
-alone.
+pid. The transport knows the pid too (``Transport.worker_pid``), from the moment it
+starts the process, and the watch takes it from there where it can: a worker stopped
+before it wrote its record (in its imports, before its first request) is found as
+well. Worker threads (the thread transport) have the driver's pid, and are never
+stopped alone.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +60,8 @@ class Stall:
     worker: int
     pid: int
     seconds: float
-    #: The env call that did not return; None when the process was found stopped.
+    #: The env call (or the in-worker policy's forward) that did not return; None when
+    #: the process was found stopped.
     stage: Stage | None
     env: int
 
@@ -62,6 +71,11 @@ class Stall:
             what = (
                 f"worker {self.worker} (pid {self.pid}) has been stopped (SIGSTOP or a "
                 f"debugger) for {self.seconds:.1f} s"
+            )
+        elif self.stage is Stage.POLICY:
+            what = (
+                f"the policy in worker {self.worker} has not returned from its forward in "
+                f"{self.seconds:.1f} s"
             )
         else:
             env = f"env {self.env}"
@@ -74,7 +88,7 @@ class Stall:
         message = f"{what}: stalled (stall_timeout={timeout:g} s)"
         if stack:
             message += f"\nthe worker's Python stack:\n{stack.rstrip()}"
-        env_index = -1 if self.stage is None else self.env
+        env_index = -1 if self.stage in (None, Stage.POLICY) else self.env
         return WorkerError(message, worker_index=self.worker, env_index=env_index)
 
 
@@ -85,8 +99,14 @@ class StallWatch:
     process after a restart) before that worker can be reported again.
     """
 
-    def __init__(self, progress: np.ndarray, timeout: float) -> None:
+    def __init__(
+        self,
+        progress: np.ndarray,
+        timeout: float,
+        pid_of: Callable[[int], int | None] = lambda worker: None,
+    ) -> None:
         self._progress = progress
+        self._pid_of = pid_of  # the transport's pid of a worker (Transport.worker_pid)
         self._timeout_ns = int(timeout * 1e9)
         self._next_look = 0.0
         self._own_pid = os.getpid()
@@ -109,13 +129,15 @@ class StallWatch:
             since = int(record[SINCE])
             pid, stage, env = int(record[PID]), int(record[STAGE]), int(record[ENV])
             stall = None
+            # The process as the transport knows it, before it has written its record.
+            process = self._pid_of(worker) or pid
             # A stopped process first: stopped in an env call, it is no fault of the env's.
-            if pid and pid != self._own_pid and process_stopped(pid):
+            if process and process != self._own_pid and process_stopped(process):
                 first = self._stopped_since.get(worker)
-                if first is None or first[0] != pid:
-                    self._stopped_since[worker] = first = (pid, now)
+                if first is None or first[0] != process:
+                    self._stopped_since[worker] = first = (process, now)
                 if now - first[1] > self._timeout_ns:
-                    stall = Stall(worker, pid, (now - first[1]) / 1e9, None, -1)
+                    stall = Stall(worker, process, (now - first[1]) / 1e9, None, -1)
                     key = first
             else:
                 self._stopped_since.pop(worker, None)
