@@ -122,6 +122,10 @@ def test_the_speedup_grows_with_the_envs_cost_and_needs_every_figure():
     assert chosen(figures(env_step_s=None))[0] == "cpu-processes"
 
 
+def test_a_learner_beside_the_collection_gets_processes_to_step_beside_it():
+    assert chosen(figures(free_cores=0.5, replay_buffer=True))[0] == "cpu-processes"
+
+
 def test_policy_lag_leaves_the_learner_a_core():
     name, layout = chosen(figures(on_policy=True, policy_lag=1))
     assert name == "cpu-policy-lag"

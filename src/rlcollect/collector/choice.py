@@ -92,6 +92,8 @@ class Figures:
         envs_picklable: every env factory pickles, so worker processes can build them.
         server_batching: ``max_batch_size`` or ``min_batch_size`` given: batching that
             only a server does.
+        replay_buffer: a replay buffer is given: a learner samples from it while the
+            collection runs (in the background, with ``start()``).
         probe_seconds: what timing the env and the policy added to start-up.
     """
 
@@ -113,6 +115,7 @@ class Figures:
     policy_picklable: bool = True
     envs_picklable: bool = True
     server_batching: bool = False
+    replay_buffer: bool = False
     probe_seconds: float = 0.0
 
     @property
@@ -149,6 +152,8 @@ class Figures:
             parts.append("an env factory does not pickle")
         if self.server_batching:
             parts.append("server batching asked for")
+        if self.replay_buffer:
+            parts.append("a replay buffer")
         return ", ".join(parts)
 
 
@@ -250,8 +255,11 @@ def _with(backend: str, transport: str, envs_per_worker: int | str) -> Callable[
 
 
 def _one_thread_pays(f: Figures) -> bool:
+    # A learner sampling a replay buffer beside the collection would contend with one
+    # thread for the interpreter: processes step beside it instead.
     speedup = process_speedup(f)
-    return not f.vector and speedup is not None and speedup < process_margin(f)
+    plain = not f.vector and not f.replay_buffer
+    return plain and speedup is not None and speedup < process_margin(f)
 
 
 def _speedup_text(f: Figures) -> str:

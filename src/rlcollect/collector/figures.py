@@ -96,6 +96,7 @@ def choose_layout(
         policy_picklable="inference_backend" in named or _pickles(policy_source),
         envs_picklable="transport" in named or _pickles(env_fns),
         server_batching=o.max_batch_size is not None or o.min_batch_size != 1,
+        replay_buffer=o.replay_buffer is not None,
     )
     rule, layout = choose(figures, named)
     splits = layout["worker_splits"]

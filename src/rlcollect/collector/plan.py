@@ -163,7 +163,7 @@ def plan_collection(
         num_workers=num_workers,
         pool_slots=args.transport.pool_slots,
     )
-    checks.warn_of_thread_oversubscription(num_workers if args.transport.pickles_programs else 0)
+    checks.warn_of_thread_oversubscription(num_workers)
     layout = _layout(o, probed, delivery, num_workers, columns, chunk_steps, splits)
     config = _inference_config(o, args, probed, layout, num_envs)
     specs = tuple(

@@ -15,7 +15,14 @@ import envs
 import pytest
 import torch
 from envs import HangingFactory, HangOnce
-from helpers import CountingPolicy, check_clean, counting_envs, process_gone, wait_until
+from helpers import (
+    CountingPolicy,
+    check_clean,
+    counting_envs,
+    process_gone,
+    wait_until,
+    with_server_layout,
+)
 from test_restarts import check_restarted_streams, collect_past_restarts
 
 from rlcollect import AsyncBatchedCollector, InferenceError, WorkerError
@@ -38,8 +45,9 @@ def make(transport, fns, **kwargs):
     kwargs.setdefault("total_frames", -1)
     kwargs.setdefault("stall_timeout", STALL)
     return AsyncBatchedCollector(
-        fns, CountingPolicy(), transport=transport, policy_device="cpu", **kwargs
-    )
+        fns, CountingPolicy(), transport=transport, policy_device="cpu",
+        **with_server_layout(kwargs),
+    )  # fmt: skip
 
 
 def next_until_error(c):
