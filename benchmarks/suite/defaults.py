@@ -63,7 +63,8 @@ def _workload(
         },
     }
     for loop in loops:
-        kind = _LOOP_KINDS.get(loop, "plain_loop")
+        # On the CPU every loop is run_loop's; a GPU's run through the other series' kinds
+        kind = "plain_loop" if m.device == "cpu" else _LOOP_KINDS[loop]
         runs[f"{loop}[{label}]"] = {**common, "kind": kind, "loop": loop}
     names = list(runs)
     ratios = [(names[0], other) for other in names[1:]]

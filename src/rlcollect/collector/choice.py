@@ -88,7 +88,7 @@ class Figures:
         policy_lag: as given.
         total_frames: as given (-1: endless).
         policy_picklable: the policy (or its factory) pickles, so another process can
-            run it.
+            run it (asked only where a rule would send it to one).
         envs_picklable: every env factory pickles, so worker processes can build them.
         server_batching: ``max_batch_size`` or ``min_batch_size`` given: batching that
             only a server does.

@@ -34,8 +34,9 @@ __all__ = ["ENV_TIMING_S", "FORWARD_TIMING_S", "choose_layout"]
 
 #: Seconds of start-up the probe spends stepping env 0 to time it (its reset included).
 ENV_TIMING_S = 0.1
-#: Seconds it may spend timing the policy's forward, at each of two batch sizes.
-FORWARD_TIMING_S = 0.1
+#: Seconds it may spend timing the policy's forward, at each of two batch sizes (after
+#: one untimed call at each).
+FORWARD_TIMING_S = 0.05
 
 
 def choose_layout(
@@ -92,13 +93,18 @@ def choose_layout(
         policy_lag=o.policy_lag,
         total_frames=o.total_frames,
         # Only what a rule could still choose is asked: a given backend or transport
-        # was checked against its needs before the probe.
-        policy_picklable="inference_backend" in named or _pickles(policy_source),
+        # was checked against its needs before the probe. Whether the policy pickles
+        # is asked only of a choice that sends it to another process (below): pickling
+        # a policy copies its weights.
         envs_picklable="transport" in named or _pickles(env_fns),
         server_batching=o.max_batch_size is not None or o.min_batch_size != 1,
         replay_buffer=o.replay_buffer is not None,
     )
     rule, layout = choose(figures, named)
+    travels = backend_kind(layout["inference_backend"]).policy_travels_to is not None
+    if travels and "inference_backend" not in named and not _pickles(policy_source):
+        figures = dataclasses.replace(figures, policy_picklable=False)
+        rule, layout = choose(figures, named)
     splits = layout["worker_splits"]
     envs_per_worker = layout["envs_per_worker"]
     if "envs_per_worker" not in named:

@@ -345,7 +345,10 @@ def _resolve(
             checks.check_picklable(env_fns)
         _check_restarts(o, transport)
     backend = backend_kind(choice.inference_backend)
-    source_of_policy = checks.policy_source(policy, o.policy_factory, backend, transport)
+    # A chosen backend that sends the policy elsewhere was chosen after it pickled
+    # (figures.py): only a given one is checked here, against a chosen transport.
+    checked = backend if "inference_backend" in early.given else backend_kind("thread")
+    source_of_policy = checks.policy_source(policy, o.policy_factory, checked, transport)
     if len(early.given) < len(KNOBS):
         _check_in_workers(o, backend, transport, early.device, early.compile_options)
     if probed.runner.initial_state is not None and backend.in_workers:

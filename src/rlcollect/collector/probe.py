@@ -49,7 +49,7 @@ __all__ = [
 # as a median needs: the machine's load is sampled over the probe (figures.py), and
 # /proc/stat counts in ticks of 10 ms.
 _MOST_STEPS = 100_000
-_MOST_CALLS = 8  # timed forwards per batch size at most
+_MOST_CALLS = 5  # timed forwards per batch size at most: a median of a few
 
 
 class ProbedEnv(NamedTuple):
