@@ -15,13 +15,14 @@ What each rule stands on is measured on the pages of ``docs/decisions/``:
   one that cannot be pickled) is served by the server thread;
 * with the policy on a GPU: a native vector env driven with send/recv runs the policy in
   its own worker (``vector-env-layouts.md``); other vector envs are served by the
-  server thread, one per worker process; many plain envs (twice the cores or more) by
+  server thread, one per worker process; many plain envs (as many as cores or more) by
   the server in a process of its own with about one worker per core and two splits
   each (``server-process.md``, ``worker-splits.md``); fewer by the server thread;
 * with the policy on the CPU each env worker runs the policy for its own envs
   (``in-worker-policy.md``), in worker processes where they pay for themselves, and
   otherwise in one worker thread of this process: the *in-process* path. The cost
-  model behind that choice is :func:`process_speedup`.
+  model behind that choice is :func:`process_speedup`; with ``policy_lag=1``, worker
+  processes with a core left to the learner (``policy-lag.md``).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ KNOBS = ("transport", "inference_backend", "envs_per_worker", "worker_splits")
 # The in-process cost model's constants: the worker loop's own time per step of a worker
 # and per env step (the request's bookkeeping, writing each transition into the ring),
 # the driver's time per frame besides copying it, the copy's cost per byte, and the time
-# a worker process takes to start (it imports torch to run the policy). Measured on the
-# 2-core development machine: docs/decisions/defaults.md.
+# a worker process takes to start (it imports torch to run the policy). Where each comes
+# from: docs/decisions/defaults.md.
 STEP_OVERHEAD_S = 12e-6
 ENV_OVERHEAD_S = 4e-6
 FRAME_OVERHEAD_S = 1e-6
