@@ -15,6 +15,7 @@ Results go to ``benchmarks/results/suite_<suite>/<series>.json`` (``--quick`` wr
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,8 @@ def _suite(args: argparse.Namespace) -> None:
         if args.quick
         else (RESULTS / f"suite_{args.suite}")
     )
+    if args.busy and not args.out:
+        default_out = default_out.with_name(default_out.name + "_busy")
     out = Path(args.out) if args.out else default_out
     peers = args.peers_path
     if peers is None and (ROOT / ".peers").is_dir():
@@ -64,19 +67,33 @@ def _suite(args: argparse.Namespace) -> None:
         deadline_s = GPU_DEADLINE_S
     deadline = time.monotonic() + deadline_s if deadline_s else None
     started = time.monotonic()
-    for name in names:
-        series = plans.SERIES[name](machine)
-        path = run_series(
-            series,
-            suite=args.suite,
-            repeats=repeats,
-            out_dir=out,
-            peers_path=peers or None,
-            deadline=deadline,
-            resume=(Path(args.resume) / f"{name}.json") if args.resume else None,
-        )
-        print(f"wrote {path}", flush=True)
+    busy = _busy(args.busy)
+    try:
+        for name in names:
+            series = plans.SERIES[name](machine)
+            path = run_series(
+                series,
+                suite=args.suite,
+                repeats=repeats,
+                out_dir=out,
+                peers_path=peers or None,
+                deadline=deadline,
+                resume=(Path(args.resume) / f"{name}.json") if args.resume else None,
+                busy=args.busy,
+            )
+            print(f"wrote {path}", flush=True)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait(timeout=10)
     print(f"suite done in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _busy(count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` processes that keep a core busy each until killed: the suite measured
+    beside other work, both sides of every ratio in the same conditions."""
+    spin = "while True: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
 
 
 def main() -> None:
@@ -102,6 +119,12 @@ def main() -> None:
             "0.14 (default: .peers if present; '' to skip the TorchRL peer)",
         )
         p.add_argument("--scale", type=float, default=1.0, help="multiply the time windows")
+        p.add_argument(
+            "--busy",
+            type=int,
+            default=0,
+            help="run beside this many CPU-busy processes (results in suite_<suite>_busy/)",
+        )
         p.add_argument(
             "--deadline-s",
             type=float,

@@ -13,6 +13,12 @@ rows.
 synchronous ``gymnasium.vector.SyncVectorEnv`` stepped from this process, so that both
 can be timed and compared in one run (``--loop rlcollect sync``).
 
+The collector is given no layout arguments: it measures the envs and the agent when it
+is built and chooses where they run (``collector.describe()``, printed at the start:
+for CartPole, one worker thread that steps the four envs and runs the agent for all of
+them, since a CartPole step is far cheaper than the agent's forward). ``--inference``
+and ``--workers`` give a layout by hand instead.
+
 ``--overlap`` (rlcollect only) collects the next rollout while the learner learns
 (``policy_lag=1``): the collector starts round ``k+1`` as soon as it hands out round
 ``k``, so the envs step with the weights of update ``k-1`` while update ``k`` runs, on
@@ -31,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +52,7 @@ from tqdm import tqdm
 from rlcollect import AsyncBatchedCollector
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--loop", nargs="+", choices=["rlcollect", "sync"], default=["rlcollect"])
@@ -64,14 +69,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ent-coef", type=float, default=0.01)
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
-    # CartPole steps in microseconds, faster than any round trip to a server: each worker
-    # process runs the agent itself, beside its envs (docs/tuning.md, "Cheap envs")
-    p.add_argument("--inference", choices=["worker", "thread"], default="worker")
+    # The layout by hand (default: the collector chooses; docs/tuning.md)
+    p.add_argument("--inference", choices=["auto", "worker", "thread", "process"], default="auto")
     p.add_argument(
         "--workers",
         type=int,
-        help="worker processes (default: one per core, but one core left to the learner "
-        "with --overlap)",
+        help="worker processes, the envs split evenly over them (default: the collector chooses)",
     )
     p.add_argument(
         "--overlap",
@@ -79,12 +82,9 @@ def parse_args() -> argparse.Namespace:
         help="rlcollect: collect the next rollout while the learner learns (a lag of one update)",
     )
     p.add_argument("--out", type=Path, default=Path("runs"), help="where results go")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.overlap and "rlcollect" not in args.loop:
         p.error("--overlap is a way of running the collector: it needs --loop rlcollect")
-    if args.workers is None:
-        cores = os.cpu_count() or 1
-        args.workers = max(1, cores - 1 if args.overlap else cores)
     return args
 
 
@@ -137,14 +137,17 @@ def rlcollect_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Ite
     """Rollouts from rlcollect; after each, the caller's updated ``agent`` is pushed."""
     batch_size = args.num_envs * args.num_steps
     iterations = args.total_timesteps // batch_size
+    layout: dict[str, Any] = {"inference_backend": args.inference}  # "auto" by default
+    if args.workers is not None:  # by hand: that many worker processes
+        layout.update(
+            transport="process_slots",
+            envs_per_worker=envs_per_worker(args.num_envs, args.workers),
+        )
     with AsyncBatchedCollector(
         [make_env] * args.num_envs,
         agent,
         frames_per_batch=batch_size,
         total_frames=iterations * batch_size,
-        # the envs split over about one worker process per core, each acting for its own
-        envs_per_worker=envs_per_worker(args.num_envs, args.workers),
-        inference_backend=args.inference,
         policy_device="cpu",
         on_policy=True,
         # Overlap: round k+1 starts as soon as round k is handed out, so it runs with the
@@ -153,7 +156,10 @@ def rlcollect_rollouts(agent: Agent, args: argparse.Namespace, seed: int) -> Ite
         # starts with it: a lag of one.
         policy_lag=1 if args.overlap else 0,
         seed=seed,  # env i is first reset with seed + i, as SyncVectorEnv does
+        **layout,
     ) as collector:
+        if seed == args.seeds[0]:
+            print(collector.describe())  # the layout it chose, and why
         for batch in collector:
             yield as_rollout(batch)
             collector.update_policy_weights_(agent)  # the next round to start acts with these

@@ -1,33 +1,41 @@
-"""Collect Atari Pong frames with rlcollect and compare with the envs' own speed.
+"""Collect Atari Pong frames with rlcollect and compare with the loop you would write.
 
-8 Pong envs (grayscale, every second pixel, 4 stacked frames: 4x105x80 uint8) run in
-worker processes; a small CNN picks actions on the best device present: on a GPU
-batched by the inference server as a CUDA graph, on a CPU-only machine inside each
-worker process for its own envs (``inference_backend="worker"``); the envs are grouped
-into about one worker process per core (``envs_per_worker="auto"``).
-The script prints the collector's frames/s, the mean inference batch size and the
-driver's CPU time per frame, then the throughput of the loop a user would write instead
-(the same envs in gymnasium's AsyncVectorEnv, the same policy acting on each step's
-batch) and the env-only throughput of the same 8 envs (random actions, no policy), both
-measured in this run, and the ratios.
+8 Pong envs (grayscale, every second pixel, 4 stacked frames: 4x105x80 uint8) and a
+small CNN that samples its actions. The collector is given no layout arguments: it
+measures the envs, the policy and the machine when it is built and chooses where the
+envs and the policy run; the script prints that choice (``collector.describe()``).
 
-    python examples/quickstart.py [--frames 20000] [--envs 8]
+Then it measures, in alternating windows so that a busy spell of the machine hits all
+three alike: the collector, the loop a user would write instead (the same envs in
+gymnasium's AsyncVectorEnv, the same policy acting on each step's batch) and the envs
+alone (random actions, no policy: the ceiling). It prints each round's frames/s and
+the median of the rounds' ratios.
+
+    python examples/quickstart.py [--envs 8] [--rounds 3] [--seconds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
+from collections.abc import Iterator
 
 import ale_py
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from rlcollect import AsyncBatchedCollector
 from rlcollect.envspeed import env_throughput
+
+# ale-py prints its banner once in each process that builds an env: the collector's
+# workers, the AsyncVectorEnv's processes and the env-only measure's would print it
+# again and again. This process shows it once; the processes it starts inherit this
+# variable and keep quiet.
+DRIVER = "QUICKSTART_DRIVER_PID"
 
 
 class HalfResolution(gym.ObservationWrapper):
@@ -45,6 +53,8 @@ class HalfResolution(gym.ObservationWrapper):
 def make_pong() -> gym.Env:
     # Registering here, not at import: the factory runs in worker processes, which
     # never import this script.
+    if os.environ.get(DRIVER, str(os.getpid())) != str(os.getpid()):
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)  # no banner here
     gym.register_envs(ale_py)
     env = gym.make("ALE/Pong-v5", obs_type="grayscale", repeat_action_probability=0.0)
     return gym.wrappers.FrameStackObservation(HalfResolution(env), 4)
@@ -76,10 +86,11 @@ class SmallCNN(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=20_000)
     parser.add_argument("--envs", type=int, default=8)
-    parser.add_argument("--env-seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3, help="windows of each of the three")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each window")
     args = parser.parse_args()
+    os.environ[DRIVER] = str(os.getpid())
     # This script's own threads leave the cores to the env workers (docs/tuning.md,
     # "Torch threads"); the collector warns where they would compete.
     torch.set_num_threads(1)
@@ -89,66 +100,77 @@ def main() -> None:
     policy = SmallCNN(num_actions=6)
     policy(torch.zeros(1, 4, 105, 80, dtype=torch.uint8))  # sizes the lazy layer
 
-    if cuda:  # one batching server, its whole step a CUDA graph
-        how, placement = "cuda, as a CUDA graph", {"cuda_graph": True}
-    else:  # no GPU: each worker process runs the policy for its own envs
-        how, placement = "cpu, in each worker process", {"inference_backend": "worker"}
-    with AsyncBatchedCollector(
+    collector = AsyncBatchedCollector(
         [make_pong] * args.envs,
         policy,
         frames_per_batch=512,
-        total_frames=args.frames,
-        transport="process_slots",
-        policy_device=device,
-        envs_per_worker="auto",  # about one worker process per core
-        worker_splits="auto",  # with a GPU, half of each worker steps while half waits
-        **placement,
-    ) as collector:
-        workers = args.envs // collector.envs_per_worker
-        print(
-            f"collecting {args.frames} frames from {args.envs} Pong envs in {workers} "
-            f"worker processes, policy on {how}"
-        )
-        start, frames = None, 0
-        with tqdm(total=args.frames, unit="frame", desc="collecting") as bar:
-            for batch in collector:
-                if start is None:  # time from the first batch: process start-up excluded
-                    start, cpu0, first = time.perf_counter(), time.process_time(), batch.numel()
-                frames += batch.numel()
-                bar.update(batch.numel())
-        stats = collector.stats()
-    elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu0
-    fps = (frames - first) / elapsed
-    print(f"collector:        {fps:10.0f} frames/s")
-    print(f"mean batch size:  {stats['server']['mean_batch_size']:10.2f} envs per policy call")
-    print(f"driver CPU:       {1e3 * cpu / (frames - first):10.3f} ms per frame")
-
-    print(f"the loop you would write instead, for {args.env_seconds:.0f} s ...")
-    loop_fps = async_vector_loop(args.envs, policy.to(device), device, args.env_seconds)
-    print(f"AsyncVectorEnv loop: {loop_fps:7.0f} frames/s (the same envs and policy)")
-    print(f"measuring the same {args.envs} envs alone for {args.env_seconds:.0f} s ...")
-    env_fps = env_throughput([make_pong] * args.envs, seconds=args.env_seconds)
-    print(f"env-only:         {env_fps:10.0f} frames/s (random actions, no policy)")
-    print(f"collector / AsyncVectorEnv loop: {fps / loop_fps:6.2f}")
-    print(f"collector / env-only:            {fps / env_fps:6.2f}")
-
-
-def async_vector_loop(num_envs: int, policy: nn.Module, device: str, seconds: float) -> float:
-    """Frames/s of the hand-written alternative: the envs in gymnasium's AsyncVectorEnv
-    (a process each), the policy here acting on each step's batch in turn."""
-    envs = gym.vector.AsyncVectorEnv([make_pong] * num_envs)
+        # The policy's execution, not its layout: on a GPU its whole step is one CUDA
+        # graph (it needs no host synchronisation). Where the envs and the policy run is
+        # the collector's to choose.
+        cuda_graph=cuda,
+    )
+    print(collector.describe())  # what it chose, from which figures, by which rule
+    loop = AsyncVectorLoop(args.envs, policy.to(device), device)
+    batches = iter(collector)
+    rounds: list[tuple[float, float, float]] = []
     try:
-        obs, _ = envs.reset(seed=0)
+        print(f"\n{'round':>5} {'collector':>10} {'loop':>10} {'env-only':>10}  (frames/s)")
+        for r in range(args.rounds):
+            fps = window(batches, args.seconds)
+            loop_fps = loop.window(args.seconds)
+            env_fps = env_throughput([make_pong] * args.envs, seconds=args.seconds)
+            rounds.append((fps, loop_fps, env_fps))
+            print(f"{r + 1:5d} {fps:10.0f} {loop_fps:10.0f} {env_fps:10.0f}")
+        stats = collector.stats()
+    finally:
+        collector.shutdown()
+        loop.close()
+    per_loop = statistics.median(c / lo for c, lo, _ in rounds)
+    per_env = statistics.median(c / e for c, _, e in rounds)
+    mean_batch = stats.get("server", {}).get("mean_batch_size")
+    if mean_batch is not None:
+        print(f"mean batch size:  {mean_batch:10.2f} envs per policy call")
+    print(f"driver CPU:       {stats['driver_cpu_ms_per_frame']:10.3f} ms per frame")
+    print(f"collector / AsyncVectorEnv loop: {per_loop:6.2f} (median of {len(rounds)} rounds)")
+    print(f"collector / env-only:            {per_env:6.2f} (median of {len(rounds)} rounds)")
+
+
+def window(batches: Iterator[object], seconds: float, warmup: float = 0.5) -> float:
+    """Frames/s of the collector over ``seconds``, after ``warmup`` seconds that drain
+    what its workers collected while the other two were measured."""
+    start = time.perf_counter()
+    for _ in batches:
+        if time.perf_counter() - start >= warmup:
+            break
+    frames, start = 0, time.perf_counter()
+    for batch in batches:
+        frames += batch.numel()  # type: ignore[attr-defined]
+        if time.perf_counter() - start >= seconds:
+            break
+    return frames / (time.perf_counter() - start)
+
+
+class AsyncVectorLoop:
+    """The hand-written alternative: the envs in gymnasium's AsyncVectorEnv (a process
+    each), the policy here acting on each step's batch in turn."""
+
+    def __init__(self, num_envs: int, policy: nn.Module, device: str) -> None:
+        self.envs = gym.vector.AsyncVectorEnv([make_pong] * num_envs)
+        self.policy, self.device, self.num_envs = policy, device, num_envs
+        self.obs, _ = self.envs.reset(seed=0)
+
+    def window(self, seconds: float) -> float:
         frames, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             with torch.inference_mode():
-                action = policy(torch.from_numpy(obs).to(device))["action"].cpu().numpy()
-            obs, *_ = envs.step(action)
-            frames += num_envs
+                obs = torch.from_numpy(self.obs).to(self.device)
+                action = self.policy(obs)["action"].cpu().numpy()
+            self.obs, *_ = self.envs.step(action)
+            frames += self.num_envs
         return frames / (time.perf_counter() - start)
-    finally:
-        envs.close()
+
+    def close(self) -> None:
+        self.envs.close()
 
 
 if __name__ == "__main__":

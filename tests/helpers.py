@@ -78,6 +78,22 @@ def hold_first_batch(collector: Any) -> tuple[TensorDict, TensorDict, list[Tenso
     return first, first_copy, rest, stats
 
 
+# The layout the collector's mechanism tests (errors, restarts, stalls, background
+# collection, pause) were written for, the defaults before the layout was chosen by
+# measurement (issue 63): the server thread, one env per worker. What the defaults
+# choose, and the in-process path, are tested in tests/collector/test_choice.py.
+SERVER_LAYOUT: dict[str, Any] = {
+    "inference_backend": "thread",
+    "envs_per_worker": 1,
+    "worker_splits": None,
+}
+
+
+def with_server_layout(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with each knob of :data:`SERVER_LAYOUT` they leave out set to it."""
+    return {**SERVER_LAYOUT, **kwargs}
+
+
 def counting_envs(n: int, **kwargs: Any) -> list[Callable[[], CountingEnv]]:
     return [functools.partial(CountingEnv, i, **kwargs) for i in range(n)]
 
@@ -85,12 +101,16 @@ def counting_envs(n: int, **kwargs: Any) -> list[Callable[[], CountingEnv]]:
 def counting_collector(
     transport: str, policy: torch.nn.Module | None = None, n: int = 4, **kwargs: Any
 ) -> AsyncBatchedCollector:
-    """A collector over ``n`` CountingEnvs; ``kwargs`` go to the constructor."""
+    """A collector over ``n`` CountingEnvs in the server layout unless ``kwargs`` (the
+    constructor's) say otherwise."""
     kwargs.setdefault("frames_per_batch", 32)
     kwargs.setdefault("total_frames", 320)
     kwargs.setdefault("policy_device", "cpu")
     return AsyncBatchedCollector(
-        counting_envs(n), policy or CountingPolicy(), transport=transport, **kwargs
+        counting_envs(n),
+        policy or CountingPolicy(),
+        transport=transport,
+        **with_server_layout(kwargs),
     )
 
 

@@ -27,17 +27,23 @@ def run(*args, timeout=300):
 
 @pytest.mark.slow
 def test_quickstart():
-    out = run("examples/quickstart.py", "--frames", "1536", "--envs", "2", "--env-seconds", "0.5")
+    args = ["examples/quickstart.py", "--envs", "2", "--rounds", "2", "--seconds", "0.5"]
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
     for line in (
-        "collector:",
-        "mean batch size:",
+        "layout chosen by rule",  # describe()
+        "as explicit arguments:",
+        "collector       loop   env-only",  # the rounds' table
         "driver CPU:",
-        "AsyncVectorEnv loop:",
-        "env-only:",
         "collector / AsyncVectorEnv loop:",
         "collector / env-only:",
     ):
         assert line in out, out
+    # ale-py's banner: from this process alone, not from every env process
+    assert (out + done.stderr).count("A.L.E: Arcade Learning Environment") <= 1, done.stderr
 
 
 @pytest.mark.slow
@@ -110,6 +116,7 @@ def test_benchmark_suite_quick(tmp_path):
         "throughput",
         "vector_throughput",
         "vector_layouts",
+        "defaults",
     ):
         doc = json.loads((results / "suite_cpu" / f"{series}.json").read_text())
         assert doc["complete"], series
@@ -124,6 +131,11 @@ def test_benchmark_suite_quick(tmp_path):
     page = (docs / "results.md").read_text()
     assert "| `rlcollect[process_slots-chunkauto-eager]` |" in page, page
     assert (docs / "results" / "headline.png").stat().st_size > 0
+    # the defaults series: each collector run records the layout it ran with and its rule
+    defaults = json.loads((results / "suite_cpu" / "defaults.json").read_text())
+    for run_ in defaults["runs"]["defaults[cartpole x4]"]:
+        assert run_["rule"] and set(run_["layout"]) >= {"transport", "inference_backend"}
+    assert "| `defaults[cartpole x4]` | `documented[cartpole x4]` |" in page, page
 
 
 @pytest.mark.slow

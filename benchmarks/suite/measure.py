@@ -96,6 +96,10 @@ def measure_collector(
         # the layout as resolved ("auto" becomes a number)
         result["envs_per_worker"] = held[0].envs_per_worker
         result["worker_splits"] = held[0].worker_splits
+        # what the collector chose where the layout was left to it, and by which rule
+        choice = held[0].describe()
+        result["layout"] = {k: str(v) for k, v in choice.arguments().items()}
+        result["rule"] = choice.rule
     finally:
         steps.close()  # leaves the with block: the collector shuts down
     for key in ("mean_batch_size", "request_latency_p50", "request_latency_p95"):

@@ -89,6 +89,7 @@ GPU_PARTS = {
     "4": ("throughput",),
     "5": ("vector_throughput",),
     "6": ("vector_layouts",),
+    "7": ("defaults",),
 }
 LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
 ASYNC_WINDOW = 1.5  # the async-training runs measure longer: few frames per second
@@ -544,6 +545,14 @@ def vector_layouts(m: Machine) -> Series:
     )
 
 
+def defaults(m: Machine) -> Series:
+    """The collector with no layout arguments against the best documented layout and the
+    loops a user would write, workload by workload (``benchmarks/suite/defaults.py``)."""
+    from benchmarks.suite.defaults import series
+
+    return series(m)
+
+
 SERIES = {
     "peers": peers,
     "pixels": pixels,
@@ -552,6 +561,7 @@ SERIES = {
     "throughput": throughput,
     "vector_throughput": vector_throughput,
     "vector_layouts": vector_layouts,
+    "defaults": defaults,
 }
 
 

@@ -16,15 +16,20 @@ from typing import Any
 
 from benchmarks.suite.plans import SERIES
 
-SUITES = (("gpu", "GPU suite"), ("cpu", "CPU suite"))
+SUITES = (
+    ("gpu", "GPU suite"),
+    ("cpu", "CPU suite"),
+    ("cpu_busy", "CPU suite beside two CPU-busy processes"),
+)
 SHARED = 0.10  # other work's share of the machine's CPU time above which a section warns
 X, DASH = "\u00d7", "\u2013"  # the multiplication sign and the en dash, for the tables
 PUBLISHED_CHUNK_MS = (0.226, 0.037)  # TorchRL AsyncBatchedCollector, chunk 1 -> 64
 PUBLISHED_ASYNC_FPS = {2: 85.2, 16: 53.1}  # DreamerV3 async, 8 envs, inference batch 1
 COMMANDS = {
     "cpu": "`make bench`",  # = python -m benchmarks cpu && python -m benchmarks report
-    "gpu": "`python -m benchmarks gpu --part 1|2|3|4|5|6 --peers-path .peers`, one device call "
-    "per part (`--resume` continues a part cut short by its deadline)",
+    "gpu": "`python -m benchmarks gpu --part 1|2|3|4|5|6|7 --peers-path .peers`, one device "
+    "call per part (`--resume` continues a part cut short by its deadline)",
+    "cpu_busy": "`python -m benchmarks cpu --series defaults --busy 2`",
 }
 
 
@@ -48,6 +53,12 @@ AGAINST_THE_ENVS = (
         "Native vector envs: several in processes",
         "Several AtariVectorEnvs against the env alone",
         "vector layouts",
+    ),
+    (
+        "defaults",
+        "The defaults against the best documented layout and the plain loops",
+        "No layout arguments, the documented layout, the loops",
+        "defaults",
     ),
 )
 
@@ -433,7 +444,8 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
             out += _block(
                 docs[name], heading, f"![{alt}]({rel}_{name}.png)", _fps_and_ratios(docs[name])
             )
-    missing = [name for name in SERIES if name not in docs]
+    expected = ("defaults",) if suite == "cpu_busy" else SERIES  # --busy runs one series
+    missing = [name for name in expected if name not in docs]
     if missing:  # say what the suite has not measured here rather than leave it out silently
         names = ", ".join(f"`{name}`" for name in missing)
         out += [f"Not run yet on this machine: {names} ({COMMANDS[suite]}).", ""]

@@ -40,6 +40,9 @@ KINDS = {
     "dqn_rlcollect": "benchmarks.suite.dqn_loop:run_rlcollect",
     "async_training": "benchmarks.suite.async_training:run",
     "tuning": "benchmarks.tuning:run",
+    "defaults_collector": "benchmarks.suite.defaults:run_collector",
+    "plain_loop": "benchmarks.suite.defaults:run_loop",
+    "ppo": "benchmarks.suite.defaults:run_ppo",
 }
 METRICS = (
     "frames_per_second",
@@ -49,6 +52,7 @@ METRICS = (
     "startup_seconds",
     "mean_batch_size",
 )
+_BUSY_NOTE = "Measured beside {} CPU-busy processes (`--busy`), every run alike."
 PEER_VERSION = "0.14."  # torchrl and tensordict releases the peer series is written for
 
 
@@ -184,12 +188,14 @@ def run_series(
     peers_path: str | None,
     deadline: float | None,
     resume: Path | None = None,
+    busy: int = 0,
 ) -> Path:
     """Measure ``series`` and write ``out_dir / <name>.json``; returns its path.
 
     With ``resume`` (an earlier, incomplete JSON of the same series), the runs it holds
     are kept and only the missing repeats are measured, in the same interleaved order;
     its environment stays the record's and this call's is added under ``resumed``.
+    ``busy``: how many CPU-busy processes ran beside it (recorded, and said in a note).
     """
     skipped: dict[str, str] = {}
     configs = dict(series.runs)
@@ -237,7 +243,8 @@ def run_series(
             "suite": suite,
             "series": series.name,
             "title": series.title,
-            "notes": list(series.notes),
+            "notes": list(series.notes) + [_BUSY_NOTE.format(busy)] * bool(busy),
+            "busy_processes": busy,
             "environment": env,
             "resumed": resumed,
             "loadavg_at_end": list(os.getloadavg()),

@@ -6,6 +6,7 @@ import threading
 import pytest
 import torch
 from helpers import (
+    SERVER_LAYOUT,
     ConstantPolicy,
     CountingPolicy,
     ListBuffer,
@@ -50,6 +51,7 @@ def failing_collector(transport, n, failing, fail_at):
         transport=transport,
         policy_device="cpu",
         replay_buffer=ListBuffer(),
+        **SERVER_LAYOUT,
     )
 
 

@@ -56,7 +56,10 @@ def build(env_fns=None, policy=None, **kwargs):
             {"envs_per_worker": 4, "worker_splits": 3},
             "worker_splits=3 does not divide envs_per_worker=4",
         ),
-        ({"worker_splits": 2}, "worker_splits=2 does not divide envs_per_worker=1"),
+        (
+            {"envs_per_worker": 1, "worker_splits": 2},
+            "worker_splits=2 does not divide envs_per_worker=1",
+        ),
         (
             {"envs_per_worker": 2, "transition_chunk_size": 3},
             "transition_chunk_size=3 is not a multiple of envs_per_worker=2",

@@ -10,6 +10,7 @@ import pytest
 import torch
 from envs import DictObsEnv, RaisesUnprintable, StepCounter, TorchProbeEnv, cartpole
 from helpers import (
+    SERVER_LAYOUT,
     CountingPolicy,
     FailingPolicy,
     ListBuffer,
@@ -23,6 +24,7 @@ from helpers import (
     shm_exists,
     streams,
     wait_until,
+    with_server_layout,
 )
 from tensordict.nn import TensorDictModule
 
@@ -142,8 +144,9 @@ class CartPolePolicy(torch.nn.Module):
 
 def cartpole_streams(**kwargs):
     with AsyncBatchedCollector(
-        [cartpole] * 4, CartPolePolicy(), policy_device="cpu", seed=123, **kwargs
-    ) as c:
+        [cartpole] * 4, CartPolePolicy(), policy_device="cpu", seed=123,
+        **with_server_layout(kwargs),
+    ) as c:  # fmt: skip
         return streams(collect(c))
 
 
@@ -246,6 +249,7 @@ def test_env_error_in_step_reaches_the_caller(transport):
         total_frames=-1,
         transport=transport,
         policy_device="cpu",
+        **SERVER_LAYOUT,
     )
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=r"env 2 .* failed on purpose in step") as info:
@@ -366,6 +370,7 @@ def test_worker_processes_do_not_import_torch():
         total_frames=16,
         transport="process_slots",
         policy_device="cpu",
+        inference_backend="thread",  # the policy in the workers would import torch there
     ) as c:
         data = collect(c)
     assert "torch" in sys.modules  # the driver has it ...
@@ -383,6 +388,7 @@ def test_in_flight_transitions_are_bounded_for_a_slow_consumer():
         transport="thread",
         transition_chunk_size=4,
         policy_device="cpu",
+        **SERVER_LAYOUT,  # given: nothing to time, so env 0 is not stepped (StepCounter)
     ) as c:
         ring = 4 * 2 * 4  # envs * slots * steps per chunk
         # What the batch builder keeps beyond a batch: it takes every ready chunk, up to

@@ -206,6 +206,8 @@ def test_too_few_file_descriptors_is_a_clear_error_and_leaks_none(backend):
             total_frames=16,
             policy_device="cpu",
             inference_backend=backend,
+            transport="process_slots",
+            envs_per_worker=1,  # eight worker processes, five descriptors each
         )
 
     with make() as c:  # warm up imports and lazy state

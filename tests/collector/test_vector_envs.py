@@ -31,6 +31,7 @@ from helpers import (
     shm_exists,
     streams,
     wait_until,
+    with_server_layout,
 )
 
 from rlcollect import AsyncBatchedCollector, WorkerError
@@ -134,7 +135,7 @@ def cartpole_streams(env_fns, **kwargs):
         total_frames=2000,
         policy_device="cpu",
         seed=11,
-        **kwargs,
+        **with_server_layout(kwargs),
     ) as c:
         return streams(collect(c))
 

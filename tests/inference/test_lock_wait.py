@@ -67,6 +67,7 @@ def test_the_server_thread_warns_of_a_script_busy_in_python():
             frames_per_batch=16,
             policy_device="cpu",
             transport="thread",
+            inference_backend="thread",  # the server thread's warning
             replay_buffer=ReplayBuffer(1_000_000, seed=0),
         ) as c,  # fmt: skip
     ):

@@ -18,6 +18,7 @@ import pytest
 import torch
 from envs import CrashOnce
 from helpers import (
+    SERVER_LAYOUT,
     RecurrentCountingPolicy,
     check_counting_streams,
     check_recurrent_streams,
@@ -182,6 +183,7 @@ def test_a_restarted_worker_s_envs_start_from_the_initial_state(transport, tmp_p
             transport=transport,
             policy_device="cpu",
             max_worker_restarts=4,
+            **SERVER_LAYOUT,  # four restarts, one per env
         ) as c,
     ):
         warnings.simplefilter("ignore", WorkerRestartWarning)

@@ -11,6 +11,7 @@ import torch
 from envs import Unprintable
 from helpers import (
     RELEASE_STUCK,
+    SERVER_LAYOUT,
     STUCK,
     CountingPolicy,
     StuckPolicy,
@@ -85,6 +86,7 @@ def test_output_that_changes_after_construction_reaches_the_caller_named(
         total_frames=-1,
         transport=transport,
         policy_device="cpu",
+        **SERVER_LAYOUT,  # the server's faults: the policy in the workers has none
     )
     error = first_error_within_bound(c)
     assert isinstance(error, InferenceError), repr(error)
@@ -104,6 +106,7 @@ def test_a_server_end_that_raises_reaches_the_caller(base):
         total_frames=-1,
         transport=respond_raising_after(base, 30),
         policy_device="cpu",
+        **SERVER_LAYOUT,
     )
     error = first_error_within_bound(c)
     assert isinstance(error, InferenceError), repr(error)

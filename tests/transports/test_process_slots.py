@@ -246,6 +246,7 @@ def test_stopped_workers_run_their_exit_handlers(tmp_path, backend):
         total_frames=-1,
         envs_per_worker=2,
         inference_backend=backend,
+        transport="process_slots",
     ) as c:
         pids = c.transport.pids
         seen: set[int] = set()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import numpy as np
@@ -38,6 +39,7 @@ from rlcollect.worker.source import Source
 
 __all__ = [
     "available_memory",
+    "CpuSample",
     "cgroup_cpu_quota",
     "check_batch_memory",
     "check_env_fns",
@@ -47,14 +49,17 @@ __all__ = [
     "chunk_steps_of",
     "claim_transport",
     "compile_options_of",
+    "cpu_sample",
     "device_of",
     "envs_per_worker_of",
+    "free_cores",
     "info_keys_of",
     "make_transport",
     "on_policy_steps",
     "policy_source",
     "splits_of",
     "throttle_of",
+    "transport_name",
     "usable_cores",
     "warn_of_thread_oversubscription",
 ]
@@ -76,6 +81,43 @@ def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
         cores = os.cpu_count() or 1
     quota = cgroup_cpu_quota(cgroup)
     return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+class CpuSample(NamedTuple):
+    """When, how busy the machine had been and how much CPU this process had used."""
+
+    wall: float
+    machine_busy: float  # CPU seconds of every core, all programs
+    own: float  # CPU seconds of this process, all its threads
+
+
+_MIN_LOAD_WINDOW = 0.05  # seconds: /proc/stat counts in ticks of 10 ms
+
+
+def cpu_sample(stat: Path = Path("/proc/stat")) -> CpuSample | None:
+    """The machine's busy CPU time and this process's own, now; None where the
+    machine's cannot be read (not Linux)."""
+    try:
+        fields = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait; steal counts
+    return CpuSample(time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), time.process_time())
+
+
+def free_cores(
+    since: CpuSample | None, cores: int, stat: Path = Path("/proc/stat")
+) -> float | None:
+    """The ``cores`` this process may use less what other programs kept busy since
+    ``since`` (a :func:`cpu_sample`; their share of the machine's cores, scaled to
+    ``cores``); None where unknown or the window was too short to tell."""
+    now = cpu_sample(stat)
+    if since is None or now is None or now.wall - since.wall < _MIN_LOAD_WINDOW:
+        return None
+    others = (now.machine_busy - since.machine_busy) - (now.own - since.own)
+    busy_cores = max(0.0, others) / (now.wall - since.wall)
+    total = os.cpu_count() or cores
+    return max(0.0, cores - busy_cores * cores / total)
 
 
 def cgroup_cpu_quota(root: Path) -> float | None:
@@ -371,8 +413,18 @@ def make_transport(transport: str | Transport) -> Transport:
     if isinstance(transport, str) and transport in _TRANSPORTS:
         return _TRANSPORTS[transport]()
     raise ValueError(
-        f"transport must be one of {sorted(_TRANSPORTS)} or a Transport instance, got {transport!r}"
+        f"transport must be one of {sorted(_TRANSPORTS)} or a Transport instance, or "
+        f'"auto"; got {transport!r}'
     )
+
+
+def transport_name(transport: Transport) -> str:
+    """The name a ``transport`` argument gives ``transport``'s kind (its class name for
+    a transport of the caller's own)."""
+    for name, kind in _TRANSPORTS.items():
+        if type(transport) is kind:
+            return name
+    return type(transport).__name__
 
 
 def check_picklable(env_fns: list[Callable[[], Any]]) -> None:

@@ -23,6 +23,7 @@ Every argument: ``docs/arguments.md``; how they work together: ``docs/usage.md``
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -36,6 +37,7 @@ from rlcollect.collector.background import Background, Pausable
 from rlcollect.collector.batches.ahead import PauseBetweenRounds, RoundAhead
 from rlcollect.collector.batches.episodes import Episode
 from rlcollect.collector.checks import claim_transport
+from rlcollect.collector.choice import Choice
 from rlcollect.collector.facade import CollectorFacade
 from rlcollect.collector.lifecycle import Stage
 from rlcollect.collector.options import Options
@@ -47,6 +49,8 @@ from rlcollect.replay.sink import SupportsExtend
 from rlcollect.transports.base import Transport
 
 __all__ = ["AsyncBatchedCollector"]
+
+_log = logging.getLogger("rlcollect")
 
 # Seconds shutdown waits for the policy_lag helper: the transport is closed by then, and
 # its round's bounded waits end at the next check. The finalizer waits as long for the
@@ -87,15 +91,19 @@ class AsyncBatchedCollector(CollectorFacade):
             class whose ``__init__`` takes the two spaces is one.
         frames_per_batch: transitions per yielded batch.
         total_frames: transitions in all, or -1 to collect until :meth:`shutdown`.
-        transport: ``"process_slots"``, ``"thread"``, or a
-            :class:`~rlcollect.transports.Transport` instance (for this collector only).
+        transport: ``"process_slots"`` (worker processes), ``"thread"`` (worker
+            threads of this process), or a :class:`~rlcollect.transports.Transport`
+            instance (for this collector only). The four layout arguments (this one,
+            ``envs_per_worker``, ``worker_splits``, ``inference_backend``) default to
+            ``"auto"``: each one left so is chosen from what the collector measures at
+            construction (the cores, the policy's device, env 0's step time, the
+            policy's forward time, the features asked for); :meth:`describe` says what
+            and why, and every one given wins (``docs/tuning.md``).
         envs_per_worker: env factories per worker, a divisor of ``len(env_fns)``; or
-            ``"auto"``: the divisor that leaves about one worker per usable core (one
-            env each while envs are fewer than cores; ``docs/tuning.md``).
+            ``"auto"``.
         worker_splits: request splits per worker (double buffering); divides
             ``envs_per_worker``; None: 1 (with vector envs: ``envs_per_worker``);
-            ``"auto"``: the fewest splits above one with the policy on a GPU, 1 on
-            the CPU.
+            ``"auto"``.
         transition_chunk_size: transitions per worker message, a multiple of the envs
             a worker steps, or ``"auto"`` (``frames_per_batch // num_envs`` steps of each
             env, 1 to 64).
@@ -105,9 +113,10 @@ class AsyncBatchedCollector(CollectorFacade):
         policy_device: where the policy runs; default ``"cuda"`` when available.
         compile: ``True``, or a dict of ``torch.compile`` options (CUDA only).
         cuda_graph: capture the action step as a CUDA graph per padded batch size.
-        inference_backend: ``"thread"`` (a thread of this process), ``"process"`` (a
-            process of its own; needs a transport that supports it), or ``"worker"``
-            (no server: each env worker runs the policy on its CPU, for cheap envs).
+        inference_backend: ``"thread"`` (a server thread of this process),
+            ``"process"`` (a server process of its own; needs a transport that supports
+            it), ``"worker"`` (no server: each env worker runs the policy for its own
+            envs), or ``"auto"``.
         replay_buffer: anything with ``.extend(tensordict)``; every batch goes there,
             once, before it is yielded. Needed by :meth:`start`.
         train_ratio: rows the learner samples per row collected; collection waits for
@@ -221,9 +230,9 @@ class AsyncBatchedCollector(CollectorFacade):
         policy_factory: Callable[..., torch.nn.Module] | None = None,
         frames_per_batch: int,
         total_frames: int = -1,
-        transport: Literal["thread", "process_slots"] | Transport = "process_slots",
-        envs_per_worker: int | Literal["auto"] = 1,
-        worker_splits: int | Literal["auto"] | None = None,
+        transport: Literal["auto", "thread", "process_slots"] | Transport = "auto",
+        envs_per_worker: int | Literal["auto"] = "auto",
+        worker_splits: int | Literal["auto"] | None = "auto",
         transition_chunk_size: int | str = "auto",
         max_batch_size: int | None = None,
         min_batch_size: int = 1,
@@ -231,7 +240,7 @@ class AsyncBatchedCollector(CollectorFacade):
         policy_device: str | torch.device | None = None,
         compile: bool | Mapping[str, Any] = False,
         cuda_graph: bool = False,
-        inference_backend: Literal["thread", "process", "worker"] = "thread",
+        inference_backend: Literal["auto", "thread", "process", "worker"] = "auto",
         replay_buffer: SupportsExtend | None = None,
         train_ratio: float | None = None,
         learning_starts: int = 0,
@@ -253,6 +262,8 @@ class AsyncBatchedCollector(CollectorFacade):
         self._shutdown_lock = threading.Lock()
         # Every keyword above is a field of Options (options.py): one definition of each.
         plan = plan_collection(env_fns, policy, Options.of(locals()))
+        self._choice = plan.choice
+        _log.info("%s", plan.choice)
         self.num_envs = plan.num_envs
         self.frames_per_batch = plan.options.frames_per_batch  # a Python int, checked
         self.total_frames = plan.options.total_frames
@@ -321,6 +332,20 @@ class AsyncBatchedCollector(CollectorFacade):
             self._finalizer.detach()
 
     # ------------------------------------------------------------------ control
+
+    def describe(self) -> Choice:
+        """The layout this collector runs with: each of ``transport``,
+        ``inference_backend``, ``envs_per_worker`` and ``worker_splits`` as given or as
+        chosen, the rule that chose, and the figures it read (the cores, the policy's
+        device, env 0's step time and observation size, the policy's forward time at
+        batch 1 and at the env count, the features asked for). ``str()`` of it is a
+        short report whose last line gives the same layout as explicit arguments;
+        ``describe().arguments()`` is that dict. The collector also logs it once, at
+        ``INFO``, to the ``"rlcollect"`` logger. The rules: ``docs/tuning.md``.
+
+        Example: ``docs/usage.md``, *The layout*.
+        """
+        return self._choice
 
     @property
     def policy_version(self) -> int:

@@ -87,8 +87,10 @@ def _compile(value: Any) -> Any:
 
 
 def _backend(value: Any) -> Any:
-    if value not in BACKENDS:
-        raise ValueError(f"inference_backend must be one of {list(BACKENDS)}, got {value!r}")
+    if not values.is_auto(value) and value not in BACKENDS:
+        raise ValueError(
+            f'inference_backend must be one of {list(BACKENDS)} or "auto", got {value!r}'
+        )
     return value
 
 
@@ -127,18 +129,19 @@ class Options:
     total_frames: int = _option(
         -1, "transitions in all, or -1 to collect until `shutdown()`", check=_total_frames
     )
-    transport: Literal["thread", "process_slots"] | Transport = _option(
-        "process_slots",
-        '`"process_slots"`, `"thread"`, or a `Transport` instance (for this collector only)',
+    transport: Literal["auto", "thread", "process_slots"] | Transport = _option(
+        "auto",
+        '`"process_slots"`, `"thread"`, or a `Transport` instance (for this collector only); '
+        '`"auto"`: chosen with the other layout arguments (`describe()`)',
     )
     envs_per_worker: int | Literal["auto"] = _option(
-        1,
+        "auto",
         "env factories per worker, a divisor of `len(env_fns)`; "
-        '`"auto"`: about one worker per usable core',
+        '`"auto"`: chosen with the other layout arguments (`describe()`)',
         check=_auto_or_count("envs_per_worker", 'or "auto"'),
     )
     worker_splits: int | Literal["auto"] | None = _option(
-        None,
+        "auto",
         "request splits per worker (double buffering), a divisor of `envs_per_worker`; "
         'None: 1 (vector envs: one per vector env); `"auto"`: the fewest above one with '
         "the policy on a GPU",
@@ -174,10 +177,11 @@ class Options:
         "capture the action step as a CUDA graph per padded batch size (CUDA only)",
         check=_flag("cuda_graph"),
     )
-    inference_backend: Literal["thread", "process", "worker"] = _option(
-        "thread",
-        '`"thread"` (a thread of this process), `"process"` (a process of its own), or '
-        '`"worker"` (each env worker runs the policy on its own envs)',
+    inference_backend: Literal["auto", "thread", "process", "worker"] = _option(
+        "auto",
+        '`"thread"` (a thread of this process), `"process"` (a process of its own), '
+        '`"worker"` (each env worker runs the policy on its own envs), or `"auto"`: '
+        "chosen with the other layout arguments (`describe()`)",
         check=_backend,
     )
     replay_buffer: SupportsExtend | None = _option(

@@ -4,6 +4,8 @@
 together: ``checks.py``), builds env 0 and runs the policy once (``probe.py``), and then
 decides, once, everything the parts would otherwise branch on:
 
+* the layout where the caller left it to the collector (``choice.py``: transport,
+  inference backend, envs per worker, splits), from figures the probe measures,
 * the inference backend (``inference/backend.py``: what the workers run, who serves),
 * the delivery (``batches/delivery.py``: copied, lent chunks, a pooled ring, or
   on-policy rounds, with the ring's slots),
@@ -27,8 +29,11 @@ from gymnasium import spaces
 
 from rlcollect.collector import checks, values
 from rlcollect.collector.batches.delivery import Delivery, choose_delivery
+from rlcollect.collector.choice import KNOBS, Choice
+from rlcollect.collector.figures import ENV_TIMING_S, choose_layout
 from rlcollect.collector.options import Options
 from rlcollect.collector.probe import (
+    ProbedEnv,
     build_policy,
     factory_takes_spaces,
     observation_fields,
@@ -67,6 +72,7 @@ class Plan:
     backend: BackendChoice
     delivery: Delivery
     throttle: tuple[float, CountsSamples] | None  # (train_ratio, the buffer that counts)
+    choice: Choice  # the layout, what it was chosen from and why
 
     @property
     def envs_per_worker(self) -> int:
@@ -80,7 +86,7 @@ class Plan:
 
 
 class _Arguments(NamedTuple):
-    """The arguments as the plan uses them, checked together."""
+    """The arguments as the plan uses them, checked together, the layout resolved."""
 
     env_fns: list[Callable[[], Any]]
     envs_per_worker: int
@@ -92,6 +98,17 @@ class _Arguments(NamedTuple):
     throttle: tuple[float, CountsSamples] | None
 
 
+class _Early(NamedTuple):
+    """What the checks before any env or policy is built settled: the device, and each
+    layout knob the caller gave, checked (absent where it is ``"auto"``)."""
+
+    given: dict[str, Any]
+    transport: Transport | None  # made from a given transport
+    device: torch.device
+    compile_options: dict[str, Any] | None
+    throttle: tuple[float, CountsSamples] | None
+
+
 class _Probed(NamedTuple):
     """What env 0 and one call of the policy told."""
 
@@ -100,25 +117,40 @@ class _Probed(NamedTuple):
     paths: tuple[Path, ...]
     obs_fields: tuple[Field, ...]
     served: torch.nn.Module
-    #: What builds the policy elsewhere: the policy, or a zero-argument factory (one that
-    #: takes the spaces, bound to them).
-    policy_source: Any
+    #: A policy factory as every process that builds the policy calls it: with no
+    #: argument (one that takes the spaces, bound to env 0's); None with a policy.
+    factory: Any
     runner: PolicyRunner
     action_field: Field
     extra_fields: tuple[Field, ...]
+    env0: ProbedEnv  # what building env 0 told, its step time among it
 
 
 def plan_collection(
     env_fns: Sequence[Callable[[], Any]], policy: torch.nn.Module | None, options: Options
 ) -> Plan:
-    """Check the collector's arguments, probe env 0 and the policy, and lay out the run
-    (the arguments are :class:`~rlcollect.AsyncBatchedCollector`'s)."""
+    """Check the collector's arguments, probe env 0 and the policy, choose the layout
+    left to the collector, and lay out the run (the arguments are
+    :class:`~rlcollect.AsyncBatchedCollector`'s)."""
+    load = checks.cpu_sample()  # the machine's load is measured over the probe
     fns = checks.check_env_fns(env_fns)
     o = options.checked()
-    args = _check_together(fns, policy, o)
-    probed = _probe(args, policy, o)
+    early = _check_early(fns, policy, o)
+    probed = _probe(fns, early, policy, o)
+    choice = choose_layout(
+        fns,
+        policy if policy is not None else o.policy_factory,
+        o,
+        early.given,
+        early.device,
+        probed.env0,
+        probed.runner,
+        probed.paths,
+        load,
+    )
+    args = _resolve(fns, policy, o, early, probed, choice)
     source = probed.source
-    splits = checks.splits_of(o.worker_splits, args.envs_per_worker, source, args.device)
+    splits = choice.worker_splits
     num_envs = len(fns) * source.envs
     columns = args.envs_per_worker * source.envs
     chunk_steps = _chunk_steps(o, args, source, num_envs, columns)
@@ -163,7 +195,7 @@ def plan_collection(
         args.backend.name,
         config,
         served=probed.served,
-        policy_source=probed.policy_source,
+        policy_source=probed.factory if policy is None else args.policy_source,
         policy_is_factory=policy is None,
     )
     return Plan(
@@ -177,99 +209,128 @@ def plan_collection(
         backend=backend,
         delivery=delivery,
         throttle=args.throttle,
+        choice=choice,
     )
 
 
-def _check_together(
+def _check_early(
     env_fns: list[Callable[[], Any]], policy: torch.nn.Module | None, o: Options
-) -> _Arguments:
-    """The checks of values together, before any env or policy is built."""
-    envs_per_worker = checks.envs_per_worker_of(
-        o.envs_per_worker, len(env_fns), checks.usable_cores()
-    )
-    splits = o.worker_splits
-    if splits is not None and not values.is_auto(splits) and envs_per_worker % int(splits):
+) -> _Early:
+    """The checks of values together that need no env or policy built: every value the
+    caller gave is checked here, before the probe, as before the layout was chosen."""
+    given = {knob: getattr(o, knob) for knob in KNOBS if not values.is_auto(getattr(o, knob))}
+    if "envs_per_worker" in given:
+        given["envs_per_worker"] = checks.envs_per_worker_of(
+            given["envs_per_worker"], len(env_fns), checks.usable_cores()
+        )
+    splits = given.get("worker_splits")
+    if splits is not None and "envs_per_worker" in given and given["envs_per_worker"] % splits:
         raise ValueError(
             f"worker_splits={splits} does not divide envs_per_worker="
-            f"{envs_per_worker}: a worker's envs split into equal groups"
+            f"{given['envs_per_worker']}: a worker's envs split into equal groups"
         )
     throttle = checks.throttle_of(o.train_ratio, o.learning_starts, o.replay_buffer)
-    transport = checks.make_transport(o.transport)
-    if transport.pickles_programs:
-        checks.check_picklable(env_fns)
-    backend = backend_kind(o.inference_backend)
-    device = checks.device_of(
-        "cpu" if backend.in_workers and o.policy_device is None else o.policy_device
-    )
+    transport = None
+    if "transport" in given:
+        transport = checks.make_transport(given["transport"])
+        given["transport"] = transport
+        if transport.pickles_programs:
+            checks.check_picklable(env_fns)
+    backend = backend_kind(given["inference_backend"]) if "inference_backend" in given else None
+    in_workers = backend is not None and backend.in_workers
+    device = checks.device_of("cpu" if in_workers and o.policy_device is None else o.policy_device)
     compile_options = checks.compile_options_of(o.compile)
     if device.type != "cuda" and (compile_options is not None or o.cuda_graph):
         raise ValueError(
             f"compile and cuda_graph need a CUDA policy_device; the policy runs on {device}"
         )
-    source_of_policy = checks.policy_source(policy, o.policy_factory, backend, transport)
+    # The policy arguments, and pickling where the backend is given; the transport a
+    # chosen one will be is checked against the backend once it is chosen (_resolve).
+    checks.policy_source(
+        policy,
+        o.policy_factory,
+        backend or backend_kind("thread"),
+        transport or checks.make_transport("process_slots"),
+    )
     checks.check_policy_lag(o.policy_lag, o.on_policy)
     if o.time_major and not o.on_policy:
         raise ValueError(
             "time_major=True lays out on-policy rounds as [T, num_envs]; it needs "
             "on_policy=True (off-policy batches are rows of many envs, with no time axis)"
         )
+    if transport is not None:
+        _check_restarts(o, transport)
+    if backend is not None:
+        _check_in_workers(o, backend, transport, device, compile_options)
+    return _Early(given, transport, device, compile_options, throttle)
+
+
+def _check_restarts(o: Options, transport: Transport) -> None:
     if o.max_worker_restarts and not transport.supports_restart:
         raise ValueError(
             f"max_worker_restarts={o.max_worker_restarts}, but the transport "
             f"{type(transport).__name__} cannot restart workers (supports_restart "
             "is False)"
         )
-    if backend.in_workers:
-        checks.check_worker_inference(device, o.max_batch_size, o.min_batch_size)
-        if not transport.pickles_programs and (compile_options is not None or o.cuda_graph):
-            # Each worker compiles or captures its own step as it starts; threads of one
-            # process would do so at the same time, and a CUDA graph capture in one
-            # thread fails another thread's GPU work.
-            raise ValueError(
-                "inference_backend='worker' with compile or cuda_graph needs worker "
-                "processes (transport='process_slots'): worker threads of one process "
-                "would compile and capture the policy at the same time"
-            )
-    return _Arguments(
-        env_fns,
-        envs_per_worker,
-        transport,
-        backend,
-        device,
-        compile_options,
-        source_of_policy,
-        throttle,
+
+
+def _check_in_workers(
+    o: Options,
+    backend: type[BackendChoice],
+    transport: Transport | None,
+    device: torch.device,
+    compile_options: dict[str, Any] | None,
+) -> None:
+    """The in-worker policy's own checks (the transport's part once it is known)."""
+    if not backend.in_workers:
+        return
+    checks.check_worker_inference(device, o.max_batch_size, o.min_batch_size)
+    if transport is None:
+        return
+    if not transport.pickles_programs and (compile_options is not None or o.cuda_graph):
+        # Each worker compiles or captures its own step as it starts; threads of one
+        # process would do so at the same time, and a CUDA graph capture in one
+        # thread fails another thread's GPU work.
+        raise ValueError(
+            "inference_backend='worker' with compile or cuda_graph needs worker "
+            "processes (transport='process_slots'): worker threads of one process "
+            "would compile and capture the policy at the same time"
+        )
+
+
+def _probe(
+    env_fns: list[Callable[[], Any]], early: _Early, policy: torch.nn.Module | None, o: Options
+) -> _Probed:
+    """Build env 0 and call the policy once: the ring's fields come from them. Where a
+    layout knob is left to the collector, env 0's steps are also timed."""
+    choosing = len(early.given) < len(KNOBS)
+    env0 = probe_env(
+        env_fns[0],
+        tuple(o.info_keys),
+        o.stall_timeout,
+        time_steps=ENV_TIMING_S if choosing else 0.0,
     )
-
-
-def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Probed:
-    """Build env 0 and call the policy once: the ring's fields come from them."""
-    source, info_fields = probe_env(args.env_fns[0], tuple(o.info_keys), o.stall_timeout)
+    source = env0.source
     if o.max_worker_restarts and source.vector:
         raise ValueError(
             "max_worker_restarts needs plain envs: env_fns build vector envs, whose "
             "chunks do not hold every sub-env's last transition to end its episode at"
         )
     paths, obs_fields = observation_fields(source.observation_space)
-    policy_source = args.policy_source
+    factory: Any = None
     if policy is not None:
-        served = served_policy(policy, args.device, own=False)
+        served = served_policy(policy, early.device, own=False)
     else:
-        if factory_takes_spaces(policy_source):
+        factory = o.policy_factory
+        assert factory is not None  # checks.policy_source: exactly one of the two
+        if factory_takes_spaces(factory):
             # Bound here, once: every process that builds the policy calls it with none.
-            policy_source = functools.partial(
-                policy_source, source.observation_space, source.action_space
-            )
-        served = served_policy(build_policy(policy_source), args.device, own=True)
-    runner = probe_runner(served, args.device, paths, o.exploration_type)
+            factory = functools.partial(factory, source.observation_space, source.action_space)
+        served = served_policy(build_policy(factory), early.device, own=True)
+    runner = probe_runner(served, early.device, paths, o.exploration_type)
     action_field, extra_fields = output_fields(
         probe_policy(runner, source.observation_space, paths), source.action_space
     )
-    if runner.initial_state is not None and args.backend.in_workers:
-        raise ValueError(
-            "inference_backend='worker' serves feed-forward policies; this policy is "
-            "recurrent (it has initial_state()): use inference_backend='thread' or 'process'"
-        )
     if o.on_policy and not runner.tensordict_policy:
         warn_of_trailing_ones(extra_fields)
     if runner.initial_state is not None and o.store_recurrent_state:
@@ -277,14 +338,55 @@ def _probe(args: _Arguments, policy: torch.nn.Module | None, o: Options) -> _Pro
         extra_fields += state_fields(runner.initial_state)
     return _Probed(
         source,
-        info_fields,
+        env0.info_fields,
         paths,
         obs_fields,
         served,
-        policy_source,
+        factory,
         runner,
         action_field,
         extra_fields,
+        env0,
+    )
+
+
+def _resolve(
+    env_fns: list[Callable[[], Any]],
+    policy: torch.nn.Module | None,
+    o: Options,
+    early: _Early,
+    probed: _Probed,
+    choice: Choice,
+) -> _Arguments:
+    """The arguments as the plan uses them, with the chosen layout, checked together:
+    what was checked before the probe is not checked again."""
+    transport = early.transport
+    if transport is None:
+        transport = checks.make_transport(choice.transport)
+        if transport.pickles_programs:
+            checks.check_picklable(env_fns)
+        _check_restarts(o, transport)
+    backend = backend_kind(choice.inference_backend)
+    # A chosen backend that sends the policy elsewhere was chosen after it pickled
+    # (figures.py): only a given one is checked here, against a chosen transport.
+    checked = backend if "inference_backend" in early.given else backend_kind("thread")
+    source_of_policy = checks.policy_source(policy, o.policy_factory, checked, transport)
+    if len(early.given) < len(KNOBS):
+        _check_in_workers(o, backend, transport, early.device, early.compile_options)
+    if probed.runner.initial_state is not None and backend.in_workers:
+        raise ValueError(
+            "inference_backend='worker' serves feed-forward policies; this policy is "
+            "recurrent (it has initial_state()): use inference_backend='thread' or 'process'"
+        )
+    return _Arguments(
+        env_fns,
+        choice.envs_per_worker,
+        transport,
+        backend,
+        early.device,
+        early.compile_options,
+        source_of_policy,
+        early.throttle,
     )
 
 
@@ -371,5 +473,4 @@ def _inference_config(
         recurrent=probed.runner.initial_state is not None,
         store_recurrent_state=o.store_recurrent_state,
         restarts=o.max_worker_restarts > 0,
-        exploration_type=o.exploration_type,
     )

@@ -8,16 +8,23 @@ is then laid out from both. With ``info_keys`` env 0 is also reset and stepped o
 ``info``. A ``policy_factory`` is called with env 0's spaces where its signature asks for
 them (``factory_takes_spaces``), and an on-policy output that would broadcast is named
 (``warn_of_trailing_ones``).
+
+Where the layout is left to the collector (``choice.py``), the probe also times what the
+choice reads, within a budget of its own: a few steps of env 0 (a plain env, sampled
+actions) and the policy's forward at two batch sizes, on its device, with the caller's
+random streams left as they were.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import statistics
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,6 +38,7 @@ from rlcollect.worker.source import Source, describe
 from rlcollect.worker.spec import info_key, observation_key
 
 __all__ = [
+    "ProbedEnv",
     "build_policy",
     "factory_takes_spaces",
     "observation_fields",
@@ -39,18 +47,39 @@ __all__ = [
     "probe_runner",
     "probe_source",
     "served_policy",
+    "time_forward",
     "warn_of_trailing_ones",
 ]
+
+# Timed steps of env 0 at most. The steps go on for the whole budget, not only as many
+# as a median needs: the machine's load is sampled over the probe (figures.py), and
+# /proc/stat counts in ticks of 10 ms.
+_MOST_STEPS = 100_000
+_MOST_CALLS = 5  # timed forwards per batch size at most: a median of a few
+
+
+class ProbedEnv(NamedTuple):
+    """What building env 0 told: what every factory builds, the ``info_keys`` fields,
+    its step time (None where not timed) and the seconds timing it took."""
+
+    source: Source
+    info_fields: tuple[Field, ...]
+    step_seconds: float | None = None
+    timing_seconds: float = 0.0
 
 
 def probe_source(env_fn: Callable[[], Any], timeout: float | None = None) -> Source:
     """Build env 0 once in the driver to learn what every factory must build."""
-    return probe_env(env_fn, (), timeout)[0]
+    return probe_env(env_fn, (), timeout).source
 
 
 def probe_env(
-    env_fn: Callable[[], Any], info_keys: tuple[str, ...], timeout: float | None = None
-) -> tuple[Source, tuple[Field, ...]]:
+    env_fn: Callable[[], Any],
+    info_keys: tuple[str, ...],
+    timeout: float | None = None,
+    *,
+    time_steps: float = 0.0,
+) -> ProbedEnv:
     """Build env 0 once in the driver: what every factory must build, and the ring fields
     of the ``info_keys`` entries (none without ``info_keys``: the env is not stepped).
 
@@ -58,6 +87,11 @@ def probe_env(
     of its own, so that one that never returns is a ``WorkerError`` after that long
     rather than a constructor that never returns (the thread is left behind: a thread
     cannot be stopped).
+
+    With ``time_steps`` (seconds) a plain env is also reset and stepped with sampled
+    actions for that long (at least one step, at most ``_MOST_STEPS``), and the median
+    step is its step time; an env that raises there is not timed (its worker will report
+    it).
     """
     try:
         env = env_fn() if timeout is None else _within(env_fn, timeout)
@@ -67,7 +101,12 @@ def probe_env(
         raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
     try:
         source = describe(env, "env_fns[0]")
-        return source, _info_fields(env, source, info_keys) if info_keys else ()
+        info_fields = _info_fields(env, source, info_keys) if info_keys else ()
+        if not time_steps or source.vector:
+            return ProbedEnv(source, info_fields)
+        started = time.perf_counter()
+        step = _step_seconds(env, time_steps)
+        return ProbedEnv(source, info_fields, step, time.perf_counter() - started)
     finally:
         close = getattr(env, "close", None)
         if callable(close):
@@ -98,6 +137,26 @@ def _within(env_fn: Callable[[], Any], timeout: float) -> Any:
     if failure:
         raise failure[0]
     return result[0]
+
+
+def _step_seconds(env: Any, budget: float) -> float | None:
+    """The median of a few timed steps of ``env`` with sampled actions (the sampling not
+    timed), after a reset; at most ``budget`` seconds, the reset included."""
+    deadline = time.perf_counter() + budget
+    steps: list[float] = []
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        while not steps or (len(steps) < _MOST_STEPS and time.perf_counter() < deadline):
+            action = env.action_space.sample()
+            start = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(action)
+            steps.append(time.perf_counter() - start)
+            if terminated or truncated:
+                env.reset()
+    except Exception:
+        return None
+    return statistics.median(steps) if steps else None
 
 
 def _info_fields(env: Any, source: Source, names: tuple[str, ...]) -> tuple[Field, ...]:
@@ -288,3 +347,38 @@ def warn_of_trailing_ones(outputs: Sequence[Field]) -> None:
                 TrailingDimensionWarning,
                 stacklevel=5,
             )
+
+
+def time_forward(
+    runner: PolicyRunner, space: Any, paths: tuple[Path, ...], batch: int, budget: float
+) -> float | None:
+    """The policy's forward at ``batch`` rows on its device: the median of a few timed
+    calls (at most ``_MOST_CALLS``, for about ``budget`` seconds) after one untimed call
+    at that size; a CUDA device is synchronised after each. The caller's random streams
+    (this device's and the CPU's) are left as they were; None if a call raises (the
+    probe's own call has checked the policy already)."""
+    space.seed(1)
+    sample = space.sample()
+    observations: dict[Path, np.ndarray] = {}
+    for path in paths:
+        value = sample
+        for name in path:
+            value = value[name]
+        leaf = np.asarray(value)
+        observations[path] = np.repeat(leaf[None], batch, axis=0)
+    cuda = runner.device.type == "cuda"
+    devices = [runner.device] if cuda else []
+    calls: list[float] = []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            runner(observations)
+            deadline = time.perf_counter() + budget
+            while len(calls) < _MOST_CALLS and time.perf_counter() < deadline:
+                start = time.perf_counter()
+                runner(observations)
+                if cuda:
+                    torch.cuda.synchronize(runner.device)
+                calls.append(time.perf_counter() - start)
+        except Exception:
+            return None
+    return statistics.median(calls) if calls else None

@@ -19,6 +19,7 @@ from helpers import (
     counting_envs,
     process_gone,
     wait_until,
+    with_server_layout,
 )
 
 from rlcollect import AsyncBatchedCollector, CollectorError, WorkerError
@@ -31,8 +32,9 @@ def make(transport, fns, **kwargs):
     kwargs.setdefault("frames_per_batch", 16)
     kwargs.setdefault("total_frames", -1)
     return AsyncBatchedCollector(
-        fns, CountingPolicy(), transport=transport, policy_device="cpu", **kwargs
-    )
+        fns, CountingPolicy(), transport=transport, policy_device="cpu",
+        **with_server_layout(kwargs),
+    )  # fmt: skip
 
 
 def collect_past_restarts(c, restarts, rows_after=20, limit=2000):

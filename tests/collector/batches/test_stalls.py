@@ -22,6 +22,7 @@ from helpers import (
     first_error_within_bound,
     process_gone,
     wait_until,
+    with_server_layout,
 )
 from test_restarts import check_restarted_streams, collect_past_restarts
 
@@ -45,8 +46,9 @@ def make(transport, fns, **kwargs):
     kwargs.setdefault("total_frames", -1)
     kwargs.setdefault("stall_timeout", STALL)
     return AsyncBatchedCollector(
-        fns, CountingPolicy(), transport=transport, policy_device="cpu", **kwargs
-    )
+        fns, CountingPolicy(), transport=transport, policy_device="cpu",
+        **with_server_layout(kwargs),
+    )  # fmt: skip
 
 
 def next_until_error(c):
