@@ -473,4 +473,5 @@ def _inference_config(
         recurrent=probed.runner.initial_state is not None,
         store_recurrent_state=o.store_recurrent_state,
         restarts=o.max_worker_restarts > 0,
+        exploration_type=o.exploration_type,
     )
