@@ -249,6 +249,7 @@ class InferenceError(CollectorError):
         ...         Policy(),
         ...         frames_per_batch=16,
         ...         transport="thread",
+        ...         inference_backend="thread",  # the server (not the envs' workers) runs it
         ...         policy_device="cpu",
         ...     ) as collector:
         ...         _ = collector.update_policy_weights_({"broken": torch.tensor(True)})

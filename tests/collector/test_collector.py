@@ -266,8 +266,9 @@ def test_an_env_error_whose_str_raises_still_names_the_env_and_its_type(transpor
     exception's type are named at once, neither a stall nor a bare exit status."""
     fns = [*counting_envs(1), functools.partial(RaisesUnprintable, 1)]
     c = AsyncBatchedCollector(
-        fns, CountingPolicy(), frames_per_batch=8, transport=transport, policy_device="cpu"
-    )
+        fns, CountingPolicy(), frames_per_batch=8, transport=transport, policy_device="cpu",
+        **SERVER_LAYOUT,
+    )  # fmt: skip
     with pytest.raises(WorkerError, match=r"env 1 \(worker 1\) raised Unprintable: <") as info:
         list(c)
     assert info.value.env_index == 1

@@ -10,6 +10,7 @@ group) while the workers and the inference process are still starting.
 
 import functools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from envs import ForksAHelper
-from helpers import CountingPolicy, process_gone, shm_exists, wait_until
+from helpers import CountingPolicy, process_gone, shm_exists, wait_until, with_server_layout
 
 from rlcollect import AsyncBatchedCollector, InferenceError
 from rlcollect.errors import WorkerRestartWarning
@@ -47,7 +48,7 @@ def helper_collector(directory, **kwargs):
     fns = [functools.partial(CountingEnv, 0), functools.partial(ForksAHelper, 1, str(directory))]
     return AsyncBatchedCollector(
         fns, CountingPolicy(), frames_per_batch=8, total_frames=-1, transport="process_slots",
-        policy_device="cpu", **kwargs,
+        policy_device="cpu", **with_server_layout(kwargs),
     )  # fmt: skip
 
 
@@ -102,7 +103,8 @@ fns = [functools.partial(HangOnce, 0, {marker!r}, at=(1, 2)),
        functools.partial(ForksAHelper, 1, {directory!r})]
 c = AsyncBatchedCollector(fns, CountingPolicy(), frames_per_batch=8, total_frames=-1,
                           transport="process_slots", inference_backend={backend!r},
-                          policy_device="cpu", stall_timeout=None)
+                          envs_per_worker=1, worker_splits=None,  # no timing probe: env 0
+                          policy_device="cpu", stall_timeout=None)  # steps in its worker
 pids = [*c.transport.pids] + ([c.server.pid] if {backend!r} == "process" else [])
 print(",".join([c.transport.shm_name, *c.server.segments()]), *pids, flush=True)
 for _ in c:
@@ -130,6 +132,8 @@ def test_a_driver_killed_while_an_env_is_inside_a_long_call_leaves_nothing_behin
     )
     pids = []
     try:
+        ready, _, _ = select.select([driver.stdout], [], [], LIMIT)
+        assert ready, "the driver did not print its pids (it hangs in its construction)"
         names, *pids = driver.stdout.readline().split()
         assert pids, driver.stderr.read()[-3000:]
         wait_until(lambda: os.path.exists(marker), timeout=LIMIT, what="env 0's long call")

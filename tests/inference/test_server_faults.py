@@ -159,7 +159,7 @@ def test_an_update_waiting_for_a_policy_that_never_returns_is_bounded(release_st
     never returns waits, bounded, and raises the stall."""
     c = AsyncBatchedCollector(
         counting_envs(2), StuckPolicy(3, os.getpid()), frames_per_batch=4, total_frames=-1,
-        transport="thread", policy_device="cpu", stall_timeout=STALL,
+        transport="thread", policy_device="cpu", stall_timeout=STALL, **SERVER_LAYOUT,
     )  # fmt: skip
     assert STUCK.wait(60), "the policy call never got stuck"
     done: dict[str, BaseException] = {}

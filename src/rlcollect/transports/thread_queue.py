@@ -194,6 +194,7 @@ class ThreadQueueTransport(Transport):
         ...     torch.nn.Linear(3, 1),
         ...     frames_per_batch=16,
         ...     transport=transport,
+        ...     envs_per_worker=1,  # a worker thread each
         ... ) as collector:
         ...     running = transport.alive
         ...     batch = next(collector)

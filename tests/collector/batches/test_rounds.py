@@ -500,7 +500,7 @@ def test_policy_lag_one_a_failed_round_ahead_ends_the_update_waiting_for_it(faul
     c = AsyncBatchedCollector(
         fns, policy, frames_per_batch=4 * 7, total_frames=-1, transport=transport,
         inference_backend=backend, policy_device="cpu", on_policy=True, policy_lag=1,
-        stall_timeout=stall,
+        stall_timeout=stall, envs_per_worker=1, worker_splits=None,
     )  # fmt: skip
     seen: dict[str, object] = {"batches": 0}
 
