@@ -57,6 +57,7 @@ series, for ``--resume`` and ``python -m benchmarks report``), ``tests.log``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -187,21 +188,18 @@ def _copy(stream: IO[str], log: IO[str], name: str) -> None:
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM to the part's process group, SIGKILL 5 s later if anything is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            if sig == signal.SIGTERM:
-                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
+    """End the part's process group: SIGTERM, then SIGKILL to whatever is left once the
+    part's own process has ended (or 5 s have passed)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return  # nothing is left of the group
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
 
 
 def run_part(name: str, cmd: list[str], seconds: float, log_path: Path) -> dict[str, Any]:
@@ -237,7 +235,8 @@ def run_part(name: str, cmd: list[str], seconds: float, log_path: Path) -> dict[
             proc.wait(timeout=max(1.0, seconds))
         except subprocess.TimeoutExpired:
             cut = True
-            _kill_group(proc)
+        # Also after a clean exit: a run the suite's runner timed out leaves its workers.
+        _kill_group(proc)
         reader.join(timeout=10)
         elapsed = time.monotonic() - started
         if cut:
@@ -367,9 +366,6 @@ def check(args: argparse.Namespace) -> int:
         parts[name] = run_part(name, command, seconds, log)
         parts[name]["command"] = shlex.join(command)
         parts[name]["result"] = _results(name, work, log)
-        if name == "ppo":
-            for png in (work / "ppo").glob("ppo_atari_*.png"):
-                (out / "ppo.png").write_bytes(png.read_bytes())
     rows = parts.get("rows", {}).get("result")
     if rows is not None:
         (out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n")
