@@ -25,17 +25,18 @@ well inside a 10-minute device command):
 part                  budget    expected
 ====================  ========  ==========================================================
 install (the shell)   60 s      about 10 s (7 wheels into ``.site``)
-tests                 150 s     about 80 s with ``-n 4`` (95 passed, 4 skipped last time)
+tests                 150 s     about 80 s with ``-n 4``
 rows                  the rest  about 170 s a repeat: Pong 5 runs of 9-15 s, the vector
                                 env alone and hand loop 17 s each, the two collectors
-                                35-40 s each (the vector env built twice, 8-13 s a time)
+                                35-40 s each (the vector env is built twice)
 ppo                   65 s      ``--max-seconds 50``: about 11 s start-up, then training
 replay                45 s      about 25 s: a 1M frame layout, 2 x 100k rows filled, 5
                                 rounds of sample(32) and sample(256)
 summary               10 s      reserved at the end
 ====================  ========  ==========================================================
 
-With the tests at 80 s the rows get 540 - 10 - 80 - 65 - 45 - 10 = 330 s: two repeats
+With the tests at 80 s the rows get 540 - 10 - 80 - 65 - 45 - 10 = 330 s (their runs
+end 10 s before, for the JSON): about two repeats (the second may lack its last runs)
 at windows of 0.3 s warm-up and 1.5 s measured (``--scale 0.6``). A run starts only
 where it is expected to end in the part's budget (its last repeat's time), so the
 rows' JSON always holds whole runs; three repeats need a second call of the rows alone
@@ -358,7 +359,8 @@ def check(args: argparse.Namespace) -> int:
             continue
         seconds = _budget(name, b, end, chosen)
         if seconds < (30 if name == "rows" else 5):
-            parts[name] = {"status": "not run", "why": f"{seconds:.0f} s left of the deadline"}
+            why = f"no time: {max(0, seconds):.0f} s left within the deadline for it"
+            parts[name] = {"status": "not run", "why": why}
             continue
         if name == "rows":  # its runs end 10 s before the part's: the JSON is written
             command = [*command, "--seconds", f"{seconds - 10:.0f}"]
