@@ -48,5 +48,7 @@ fi
 echo "== install: $note"
 
 # The check bounds each part itself; this outer bound is the last resort (no summary).
-exec timeout -k 10 600 "$python" -m benchmarks.check --out "$out" --started "$started" \
+bound=()
+command -v timeout >/dev/null && bound=(timeout -k 10 600)
+exec "${bound[@]}" "$python" -m benchmarks.check --out "$out" --started "$started" \
     --install "$note" --install-ok "$install_ok" "$@"
