@@ -40,6 +40,12 @@ __all__ = ["run_collector", "run_loop", "run_ppo", "series"]
 # the policy in each worker, about one worker per core; on a GPU the server process with
 # two splits per worker for many envs, and the policy in the vector env's own worker.
 _CPU_DOCUMENTED = {"inference_backend": "worker", "transport": "process_slots"}
+#: by number of Pong envs (benchmarks/check.py runs them too)
+GPU_PONG_DOCUMENTED: dict[int, dict[str, Any]] = {
+    16: {"inference_backend": "process", "envs_per_worker": 1, "worker_splits": 1},
+    64: {"inference_backend": "process", "envs_per_worker": 4, "worker_splits": 2},
+}
+GPU_VECTOR_DOCUMENTED = {"inference_backend": "worker", "transport": "process_slots"}
 PPO_STEPS = 100_000  # the PPO example's timesteps per run (CleanRL's 500k take minutes)
 
 
@@ -96,15 +102,13 @@ def series(m: Machine) -> Series:
             workloads.append(_workload(m, "pong", 4, documented, pong_loops))
         workloads.append(_ppo(m))
     else:
-        for n, documented in (
-            (16, {"inference_backend": "process", "envs_per_worker": 1, "worker_splits": 1}),
-            (64, {"inference_backend": "process", "envs_per_worker": 4, "worker_splits": 2}),
-        ):
-            documented["transport"] = "process_slots"
+        for n, layout in GPU_PONG_DOCUMENTED.items():
+            documented = {**layout, "transport": "process_slots"}
             workloads.append(_workload(m, "pong", n, documented, ("env_only", "async_vector_loop")))
-        documented = {"inference_backend": "worker", "transport": "process_slots"}
         workloads.append(
-            _workload(m, "atari_vector", 64, documented, ("vector_env_only", "hand_loop"))
+            _workload(
+                m, "atari_vector", 64, GPU_VECTOR_DOCUMENTED, ("vector_env_only", "hand_loop")
+            )
         )
     runs: dict[str, dict[str, Any]] = {}
     ratios: list[tuple[str, str]] = []

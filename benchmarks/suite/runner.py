@@ -179,6 +179,14 @@ def _ratios(series: Series, runs: dict[str, list[dict[str, Any]]]) -> dict[str, 
     return out
 
 
+def _expected_seconds(runs: dict[str, list[dict[str, Any]]], name: str) -> float:
+    """How long the next run of ``name`` is expected to take: its last run's seconds, or
+    the longest run so far where it has none (0 before the first)."""
+    if runs[name]:
+        return float(runs[name][-1]["process_seconds"])
+    return max((r["process_seconds"] for rs in runs.values() for r in rs), default=0.0)
+
+
 def run_series(
     series: Series,
     *,
@@ -189,6 +197,7 @@ def run_series(
     deadline: float | None,
     resume: Path | None = None,
     busy: int = 0,
+    stop_at: float | None = None,
 ) -> Path:
     """Measure ``series`` and write ``out_dir / <name>.json``; returns its path.
 
@@ -196,6 +205,10 @@ def run_series(
     are kept and only the missing repeats are measured, in the same interleaved order;
     its environment stays the record's and this call's is added under ``resumed``.
     ``busy``: how many CPU-busy processes ran beside it (recorded, and said in a note).
+    ``stop_at`` (a ``time.monotonic()`` time): no run may end after it. A run starts only
+    where it is expected to end before it (its own duration in the previous repeat; in
+    the first, the longest run so far) and is killed there, so the JSON is written in
+    time (the one-call GPU check, ``benchmarks/check.py``).
     """
     skipped: dict[str, str] = {}
     configs = dict(series.runs)
@@ -232,6 +245,12 @@ def run_series(
                 complete = False
                 break
             timeout = config["warmup_s"] + config["measure_s"] + 300
+            if stop_at is not None:
+                left = stop_at - time.monotonic()
+                if left < _expected_seconds(runs, name):
+                    complete = False
+                    break
+                timeout = min(timeout, left)
             result = fresh(config, peers_path, timeout)
             runs[name].append(result)
             shown = result.get("error") or f"{result['frames_per_second']:,.0f} frames/s"
