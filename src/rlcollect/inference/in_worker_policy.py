@@ -64,7 +64,7 @@ from rlcollect.inference.step import ActionStep
 from rlcollect.lifeline import at_driver_death
 from rlcollect.processes import unlink_segment
 from rlcollect.transports.base import WorkerEnd
-from rlcollect.transports.layout import PROGRESS, STAGED, Key, request_rows
+from rlcollect.transports.layout import PROGRESS, STAGED, Key, Path, request_rows
 from rlcollect.worker.loop import run_worker
 from rlcollect.worker.progress import Progress, Stage
 from rlcollect.worker.spec import WorkerSpec
@@ -170,6 +170,9 @@ class InWorkerEnd(WorkerEnd):
         ]
         self._outputs: dict[Key, np.ndarray] = {key: end.buffers[key] for key, _ in config.outputs}
         self._version_field = end.buffers[("policy_version",)]
+        # Each request's cells (its inputs as tensors, its outputs' cells), made on its
+        # first use and kept: a request reads and writes the same cells every round.
+        self._cells: dict[int, _Cells] = {}
         # Each forward is marked in the worker's progress record, as an env call is: a
         # policy that never returns is a stall (stall_timeout), found by the driver.
         progress = Progress(end.buffers[PROGRESS])
@@ -220,18 +223,18 @@ class InWorkerEnd(WorkerEnd):
             self._request_step(position)
             return
         start = time.perf_counter_ns()
-        p, g = divmod(position, self._splits)
-        cols = self._columns[g]
+        cells = self._cells.get(position)
+        if cells is None:
+            cells = self._cells[position] = self._cells_of(position)
         self._version = self._board.refresh(self.index, self._params, self._version, _BOARD_WAIT)
-        tensors = {path: torch.from_numpy(ring[p, cols]) for path, ring in self._inputs}
         rng = self._rng
         self._enter(_POLICY, self._first_env)
         if rng is None:
-            out = self._runner.call(tensors)
+            out = self._runner.call(cells.inputs)
         else:
             rng.swap_in()
             try:
-                out = self._runner.call(tensors)
+                out = self._runner.call(cells.inputs)
             finally:
                 rng.swap_out()
         self._leave()
@@ -240,16 +243,46 @@ class InWorkerEnd(WorkerEnd):
                 f"policy returned outputs {sorted(out)}, but {sorted(self._outputs)} when "
                 "the collector was built"
             )
+        outputs = cells.outputs
         for key, value in out.items():
+            dtype, shape, target, dst = outputs[key]
+            # An output of its field's dtype and shape (and one numpy would take) is
+            # copied as it is, tensor to tensor; the full check only where it differs:
+            # this runs once per forward, on the critical path of a cheap env's every step.
+            if (
+                value.dtype == dtype
+                and value.shape == shape
+                and value.is_cpu
+                and not value.requires_grad
+            ):
+                assert target is not None  # a dtype torch has
+                target.copy_(value)
+                continue
             src = value.numpy()
-            field = self._outputs[key]
-            # The full check only when the output differs from its field: this runs once
-            # per forward, on the critical path of a cheap env's every step.
-            if src.dtype != field.dtype or src.shape[1:] != field.shape[2:]:
-                check_output(key, src, field[p, cols])
-            field[p, cols] = src
-        self._version_field[p, cols] = self._version
+            if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:]:
+                check_output(key, src, dst)
+            dst[...] = src
+        cells.version[...] = self._version
         self._board.record(self.index, self._width, time.perf_counter_ns() - start)
+
+    def _cells_of(self, position: int) -> _Cells:
+        """Request ``position``'s cells: split ``g``'s columns at ring position ``p``."""
+        p, g = divmod(position, self._splits)
+        cols = self._columns[g]
+        outputs: dict[Key, tuple[torch.dtype | None, torch.Size, torch.Tensor | None, Any]] = {}
+        for key, field in self._outputs.items():
+            dst = field[p, cols]
+            try:
+                target: torch.Tensor | None = torch.from_numpy(dst)
+            except TypeError:  # a dtype torch does not have: every output takes the check
+                target = None
+            dtype = None if target is None else target.dtype
+            outputs[key] = (dtype, torch.Size(dst.shape), target, dst)
+        return _Cells(
+            inputs={path: torch.from_numpy(ring[p, cols]) for path, ring in self._inputs},
+            outputs=outputs,
+            version=self._version_field[p, cols],
+        )
 
     def _request_step(self, request: int) -> None:
         start = time.perf_counter_ns()
@@ -289,6 +322,17 @@ class InWorkerEnd(WorkerEnd):
 
     def report(self, failure: WorkerFailure) -> None:
         self._end.report(failure)
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """One request's cells: its observations as tensors (the ring's memory), and per
+    output its field's torch dtype (None: torch has none), the shape of the request's
+    output, its cells as a tensor and as an array; and the version's cells."""
+
+    inputs: dict[Path, torch.Tensor]
+    outputs: dict[Key, tuple[torch.dtype | None, torch.Size, torch.Tensor | None, Any]]
+    version: np.ndarray
 
 
 def _stream(seed: int, worker: int) -> int:

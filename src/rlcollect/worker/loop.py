@@ -129,6 +129,33 @@ class _ObservationWriter:
                 )
 
 
+class _LeafWriter:
+    """An observation that is one array: the usual case, written at once where its
+    shape and dtype are its field's; anything else goes through the full writer (its
+    checks, casts and errors)."""
+
+    def __init__(self, end: WorkerEnd, *, nxt: bool) -> None:
+        self._full = _ObservationWriter(end, ((),), nxt=nxt)
+        self._dst = end.buffers[observation_key((), nxt=nxt)]
+        self._shape = self._dst.shape[2:]
+        self._dtype = self._dst.dtype
+
+    def write(self, position: int, env: int, obs: Any, env_index: int) -> None:
+        arr = np.asarray(obs)
+        if arr.shape == self._shape and arr.dtype == self._dtype:
+            self._dst[position, env] = arr
+        else:
+            self._full.write(position, env, obs, env_index)
+
+
+def _observation_writer(
+    end: WorkerEnd, paths: tuple[Path, ...], *, nxt: bool
+) -> _ObservationWriter | _LeafWriter:
+    if paths == ((),):
+        return _LeafWriter(end, nxt=nxt)
+    return _ObservationWriter(end, paths, nxt=nxt)
+
+
 def run_worker(end: WorkerEnd, spec: WorkerSpec) -> None:
     """Run the worker loop until the transport closes (``ChannelClosed`` propagates)."""
     envs = []
@@ -194,8 +221,8 @@ class _Ring:
 
     def __init__(self, end: WorkerEnd, spec: WorkerSpec) -> None:
         buf = end.buffers
-        self.observation = _ObservationWriter(end, spec.observation_paths, nxt=False)
-        self.next_observation = _ObservationWriter(end, spec.observation_paths, nxt=True)
+        self.observation = _observation_writer(end, spec.observation_paths, nxt=False)
+        self.next_observation = _observation_writer(end, spec.observation_paths, nxt=True)
         self.action = buf[("action",)]
         self.reward = buf[("next", "reward")]
         self.terminated = buf[("next", "terminated")]
@@ -320,10 +347,12 @@ def _drive(
         new_slot = nxt % steps == 0
         for g in range(splits):
             end.wait_response()
-            actions = action[p]
+            # Discrete actions as Python ints, the whole row at once (what int() of
+            # each would give); any other action as its row of the ring.
+            actions = action[p].tolist() if discrete else action[p]
             for j in members[g]:
                 env = envs[j]
-                a = int(actions[j]) if discrete else actions[j]
+                a = actions[j]
                 if not (low <= a <= high if discrete else fits(a)):
                     raise _outside(ids[j], a, spec.source.action_space)
                 # try/except, not a context manager: this runs once per env step.
@@ -344,7 +373,8 @@ def _drive(
                         raise TypeError("a flag is not a bool")
                     terminated[p, j] = term
                     truncated[p, j] = trunc
-                    returns[j] += reward[p, j]
+                    episode_return = returns[j] + reward[p, j]  # float64, as the counter
+                    returns[j] = episode_return
                 except (TypeError, ValueError) as exc:
                     raise EnvError(ids[j], "the step results check") from TypeError(
                         f"env {ids[j]} returned reward={text_of(r, quoted=True)}, "
@@ -353,8 +383,9 @@ def _drive(
                         "number and the flags "
                         f"bools ({exc})"
                     )
-                return_field[p, j] = returns[j]
-                length_field[p, j] = step_count[j] + 1
+                return_field[p, j] = episode_return
+                length = step_count[j] + 1
+                length_field[p, j] = length
                 infos.write(p, j, info, ids[j])
                 if term or trunc:
                     try:
@@ -367,7 +398,7 @@ def _drive(
                     step_count[j] = 0
                     returns[j] = 0.0
                 else:
-                    step_count[j] += 1
+                    step_count[j] = length
                 current[j] = obs
             if not new_slot:
                 request(nxt, g)
