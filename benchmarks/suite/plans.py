@@ -80,8 +80,9 @@ QUICK = replace(
 # The GPU suite in device calls of under 9 minutes each: part 1 took 8 minutes on the H200,
 # part 2 about 5; part 3 about 17 (256 worker processes start slowly), so it takes two
 # calls, `--part 3` and then `--part 3 --resume DIR`, each stopping at the deadline. Part 4
-# took 6.5 minutes before its twelfth run was added; part 5 has not run on the H200 yet
-# (7 runs of about 10 s, 3 repeats: about 4 minutes expected).
+# took 6.5 minutes before its twelfth run was added; part 5 took 8.3 minutes on the H200
+# with its 5 AtariVectorEnv runs (20-40 s each, most of it start-up); with the 4 EnvPool
+# runs added (issue 59) it takes two calls, `--part 5` and then `--part 5 --resume DIR`.
 GPU_PARTS = {
     "1": ("peers",),
     "2": ("pixels", "async_training"),
