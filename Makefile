@@ -10,6 +10,8 @@ STAMP := $(VENV)/.installed
 # Ray (the extra rlcollect[ray]) is installed for tests/distributed/; where no package
 # index offers it, those tests are skipped and everything else works as before.
 NO_RAY := WARNING: ray could not be installed: the RayCollector tests will be skipped
+# EnvPool (the extra rlcollect[envpool]) likewise, for tests/collector/test_envpool.py.
+NO_ENVPOOL := WARNING: envpool could not be installed: the EnvPool tests will be skipped
 
 .PHONY: demo test test-busy lint typecheck unit docs bench-cpu bench clean
 
@@ -19,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet "$(TORCH)"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet -e ".[ray]" || echo "$(NO_RAY)"
+	$(PY) -m pip install --quiet -e ".[envpool]" || echo "$(NO_ENVPOOL)"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -273,6 +273,22 @@ def atari_vector(autoreset_mode="NextStep", num_envs=4, batch_size=2):
     )
 
 
+def envpool_pong(num_envs=4, batch_size=2, seed=0):
+    """EnvPool's Pong pool (84x84 grayscale, 4 stacked frames, no-op starts), episodes cut
+    at 20 steps; its sub-env ``j`` is seeded with ``seed + j`` when it is built."""
+    import envpool
+
+    return envpool.make(
+        "Pong-v5",
+        env_type="gymnasium",
+        num_envs=num_envs,
+        batch_size=batch_size,
+        num_threads=2,
+        max_episode_steps=20,
+        seed=seed,
+    )
+
+
 class StepCountingVector(CountingVectorEnv):
     """A CountingVectorEnv of StepCounters: StepCounter.steps counts its sub-envs' steps."""
 

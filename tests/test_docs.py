@@ -12,7 +12,8 @@ doctests instead, through pytest's ``--doctest-glob=*.md``):
   ``total_frames``, a few hundred ``frames_per_batch``, 2 to 8 envs).
 - A first line ``# not run: <reason>`` opts a block out (a signature with placeholders,
   another library's code). Keep these few: prefer making the example runnable.
-- A first line ``# needs CUDA`` runs the block only where CUDA is available.
+- A first line ``# needs CUDA`` runs the block only where CUDA is available, and
+  ``# needs envpool`` only where EnvPool imports (an optional extra).
 - A block of snippet includes only (``--8<-- "examples/x.py:section"``) shows part of a
   file that tests/test_examples.py runs; here the sections are only checked to exist.
 """
@@ -34,6 +35,7 @@ PAGE_TIMEOUT = 180  # seconds; a page should take well under 30
 
 NOT_RUN = "# not run:"
 NEEDS_CUDA = "# needs CUDA"
+NEEDS = {NEEDS_CUDA: "cuda", "# needs envpool": "envpool"}
 SNIPPET = re.compile(r'^--8<-- "(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"$')
 
 # Pages being rewritten to follow the conventions above (issue 24): their failure is
@@ -45,16 +47,22 @@ PENDING: dict[str, str] = {}
 # presence is checked, so the page's code does not run twice.
 RUN_BY_TEST = {"docs/index.md": "test_training_loop_of_the_docs_home_page"}
 
-# Runs in the page's process: argv[1] is a JSON list of [path, first line, code, needs
-# CUDA]. Each block is compiled against its page's real line numbers, so a traceback
-# shows the page's line.
+# Runs in the page's process: argv[1] is a JSON list of [path, first line, code, what it
+# needs ("cuda", "envpool" or null)]. Each block is compiled against its page's real line
+# numbers, so a traceback shows the page's line.
 RUNNER = """
 import json, sys, types
-for path, line, code, needs_cuda in json.loads(sys.argv[1]):
-    if needs_cuda:
+for path, line, code, needs in json.loads(sys.argv[1]):
+    if needs == "cuda":
         import torch
         if not torch.cuda.is_available():
             print(f"skipped {path}:{line} (needs CUDA)", flush=True)
+            continue
+    if needs == "envpool":
+        try:
+            import envpool
+        except Exception:
+            print(f"skipped {path}:{line} (needs envpool)", flush=True)
             continue
     print(f"running {path}:{line}", flush=True)
     main = types.ModuleType("__main__")  # standalone: nothing of the blocks before
@@ -123,7 +131,7 @@ def test_page_code_runs(page):
                         assert marker in text, f"{page}:{line}: {path} has no {marker}"
             checked = True
             continue
-        to_run.append([page, line, code, first == NEEDS_CUDA])
+        to_run.append([page, line, code, NEEDS.get(first)])
     if not to_run:
         if not checked:
             pytest.skip("every block is opted out")

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlcollect", "torch", "numpy", "gymnasium", "ale-py", "tensordict", "matplotlib")
+PACKAGES = (
+    "rlcollect",
+    "torch",
+    "numpy",
+    "gymnasium",
+    "ale-py",
+    "envpool",  # optional: None where it is not installed
+    "tensordict",
+    "matplotlib",
+)
 
 
 def _version(name: str, path: list[str] | None = None) -> str | None:

@@ -9,6 +9,10 @@
   steps. Its Pong is the same game and observation shape (4x105x80 grayscale, frame
   skip 4, no sticky actions, no no-op starts) but preprocessed in C++ (area resize and
   max-pooling of the last two frames) instead of by the Python wrappers.
+* ``run_envpool``: EnvPool's own asynchronous loop over its pool of the same Pong
+  (``vectors.pong_pool``): ``recv`` the first ``batch`` sub-envs to finish, act on
+  them, ``send`` the actions to those sub-envs (``info["env_id"]``), as EnvPool's
+  documentation and CleanRL's EnvPool examples drive it. The vector series only.
 
 Both use :class:`benchmarks.suite.acting.FixedBatchStep`: eager on the CPU (one intra-op
 thread, these loops' faster setting on few cores), a CUDA graph on a GPU.
@@ -26,7 +30,7 @@ import torch
 from benchmarks.common import make_pong
 from benchmarks.suite.acting import FixedBatchStep, acting_policy
 from benchmarks.suite.measure import measure
-from benchmarks.suite.vectors import pong_vector
+from benchmarks.suite.vectors import pong_pool, pong_vector
 
 
 def _threads(config: dict[str, Any]) -> None:
@@ -85,6 +89,32 @@ def run_atari_vector(config: dict[str, Any]) -> dict[str, Any]:
             while True:
                 envs.send(act(obs))
                 obs, *_ = envs.recv()
+                yield batch
+        finally:
+            envs.close()
+
+    result = _measured(steps(), config)
+    result.update(batch_size=batch, env_threads=threads)
+    return result
+
+
+def run_envpool(config: dict[str, Any]) -> dict[str, Any]:
+    _threads(config)
+    _, n, batch, threads = config["layout"]
+
+    def steps() -> Iterator[int]:
+        envs = pong_pool(n, batch, threads)
+        try:
+            act = FixedBatchStep(
+                acting_policy(config["policy"], config["device"]),
+                batch,
+                config["device"],
+                graph=config["graph"],
+            )
+            envs.async_reset()
+            while True:
+                obs, *_, info = envs.recv()
+                envs.send(act(obs), info["env_id"])
                 yield batch
         finally:
             envs.close()

@@ -80,8 +80,9 @@ QUICK = replace(
 # The GPU suite in device calls of under 9 minutes each: part 1 took 8 minutes on the H200,
 # part 2 about 5; part 3 about 17 (256 worker processes start slowly), so it takes two
 # calls, `--part 3` and then `--part 3 --resume DIR`, each stopping at the deadline. Part 4
-# took 6.5 minutes before its twelfth run was added; part 5 has not run on the H200 yet
-# (7 runs of about 10 s, 3 repeats: about 4 minutes expected).
+# took 6.5 minutes before its twelfth run was added; part 5 took 8.3 minutes on the H200
+# with its 5 AtariVectorEnv runs (20-40 s each, most of it start-up); with the 4 EnvPool
+# runs added (issue 59) it takes two calls, `--part 5` and then `--part 5 --resume DIR`.
 GPU_PARTS = {
     "1": ("peers",),
     "2": ("pixels", "async_training"),
@@ -431,12 +432,21 @@ def _vector_name(layout: list[int]) -> str:
 
 
 def _vector_series(
-    m: Machine, name: str, title: str, layouts: list[tuple[str, list[int], str]], hand: bool
+    m: Machine,
+    name: str,
+    title: str,
+    layouts: list[tuple[str, list[int], str]],
+    hand: bool,
+    pools: tuple[tuple[str, list[int], str], ...] = (),
 ) -> Series:
     """A vector series: the env alone with a thread per core, (``hand``) the hand loop,
     and the collector over ``layouts`` of (transport, layout, inference_backend), each
     against the env alone, the hand loop and, where a layout's vector envs hold another
-    number of threads in all than there are cores, the env alone with that many."""
+    number of threads in all than there are cores, the env alone with that many.
+
+    With ``pools`` (layouts as ``layouts``'), the same over EnvPool's pool of the same
+    game: EnvPool alone, EnvPool's own asynchronous loop with the same policy, and the
+    collector driving EnvPool, each collector run against the runs of its own env."""
     cores = len(os.sched_getaffinity(0))
     n, fpb, one, _ = _vector_sizes(m)
 
@@ -465,9 +475,23 @@ def _vector_series(
         runs[f"rlcollect[{how}{_vector_name(layout)}]"] = config(
             "vector_rlcollect", layout, transport=transport, backend=backend
         )
+    if pools:
+        runs[f"envpool_only[{_vector_name(one)}]"] = config("vector_env_only", one, env="envpool")
+        runs[f"envpool_loop[{_vector_name(one)}]"] = config("envpool_loop", one)
+    for transport, layout, backend in pools:
+        how = f"envpool, {transport}, "
+        how += f'inference_backend="{backend}", ' if backend != "thread" else ""
+        runs[f"rlcollect[{how}{_vector_name(layout)}]"] = config(
+            "vector_rlcollect", layout, transport=transport, backend=backend, env="envpool"
+        )
+
+    def env(run: str) -> str:  # the vector env a run steps
+        kind = runs[run]["kind"]
+        return "envpool" if kind == "envpool_loop" else str(runs[run].get("env", "ale"))
+
     mine = [r for r in runs if r.startswith("rlcollect")]
     others = [r for r in runs if not r.startswith("rlcollect")]
-    ratios = tuple((r, other) for r in mine for other in others)
+    ratios = tuple((r, o) for r in mine for o in others if env(r) == env(o))
     return Series(
         name,
         title,
@@ -499,27 +523,44 @@ def _vector_series(
                 if any(backend == "worker" for _, _, backend in layouts)
                 else "."
             ),
+            *(_POOL_NOTE,) * bool(pools),
         ),
     )
+
+
+_POOL_NOTE = (
+    "envpool_*, rlcollect[envpool, ...]: EnvPool's pool of the same Pong (envpool 1.2.5: "
+    "C++ area resize and max-pooling of the last two frames, as ale-py's), the layout "
+    "alike. envpool_only: send/recv with random actions, no policy; envpool_loop: "
+    "EnvPool's own asynchronous loop (recv the first batch to finish, act with the same "
+    "policy and execution, send to those sub-envs). Each rlcollect run is compared with "
+    "the runs of its own env; skipped where envpool does not import."
+)
 
 
 def vector_throughput(m: Machine) -> Series:
     """ale-py's ``AtariVectorEnv`` Pong against its own speed: one vector env with a
     thread per core, driven by the collector (a worker thread, a worker process, the
-    policy in that process) and by a hand loop (issue 18, item 4)."""
+    policy in that process) and by a hand loop (issue 18, item 4); and EnvPool's pool
+    of the same Pong, alone, in its own asynchronous loop and driven by the collector
+    (issue 59, item 3)."""
     _, _, one, _ = _vector_sizes(m)
     # (transport, layout, inference_backend): "worker" runs the policy in the vector
     # env's own worker, as the hand loop does, with no server and no hop between them.
     layouts = [("thread", one, "thread"), ("process_slots", one, "thread")]
     layouts += [("process_slots", one, "worker")]
+    # The same over EnvPool's pool (issue 59, item 3): the collector's two fastest ways.
+    pools = (("process_slots", one, "thread"), ("process_slots", one, "worker"))
     if m.quick:  # each kind of run once: the smoke test's budget
-        layouts = layouts[1:]
+        layouts, pools = layouts[1:], pools[1:]
     return _vector_series(
         m,
         "vector_throughput",
-        "AtariVectorEnv Pong against its own speed: the collector, a hand loop, the env alone",
+        "AtariVectorEnv Pong against its own speed: the collector, a hand loop, the env "
+        "alone; and the same over EnvPool's Pong",
         layouts,
         hand=True,
+        pools=pools,
     )
 
 

@@ -163,7 +163,7 @@ def _execution_note(config: dict[str, Any], result: list[dict[str, Any]]) -> str
             notes.append(f"mean batch {sorted(batch)[len(batch) // 2]:.1f}")
         if config.get("inference_backend") == "process" or config["kind"] == "torchrl":
             notes.append("server in its own process")
-    if config["kind"] == "atari_vector" and ok:
+    if config["kind"] in ("atari_vector", "envpool_loop") and ok:
         notes.append(f"C++ envs, batch {ok[0]['batch_size']}, {ok[0]['env_threads']} threads")
     if config["kind"] == "env_only":
         notes.append("random actions, no policy")

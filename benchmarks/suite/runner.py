@@ -6,7 +6,8 @@ before repeat r + 1 of any, so slow drift of a shared machine hits every run ali
 ratios are computed between runs of the same repeat, then summarised. The JSON is
 rewritten after every repeat, so a run cut short keeps what it measured
 (``complete: false``). A run that fails is recorded with its error and left out of the
-summaries; TorchRL runs are skipped with the reason when the peer install is missing.
+summaries; TorchRL runs are skipped with the reason when the peer install is missing,
+and EnvPool runs where EnvPool does not import.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ KINDS = {
     "env_only": "benchmarks.suite.pixels:run_env_only",
     "async_vector": "benchmarks.suite.peers:run_async_vector",
     "atari_vector": "benchmarks.suite.peers:run_atari_vector",
+    "envpool_loop": "benchmarks.suite.peers:run_envpool",
     "vector_env_only": "benchmarks.suite.vectors:run_env_only",
     "vector_rlcollect": "benchmarks.suite.vectors:run_rlcollect",
     "torchrl": "benchmarks.suite.torchrl_peer:run_torchrl",
@@ -93,6 +95,24 @@ def peers_problem(peers_path: str | None) -> str | None:
     versions = done.stdout.split()
     if not all(v.startswith(PEER_VERSION) for v in versions):
         return f"torchrl/tensordict {versions} found, the peer series needs {PEER_VERSION}x"
+    return None
+
+
+def needs_envpool(config: dict[str, Any]) -> bool:
+    """True for a run over EnvPool's pools (``vectors.py``: ``env``), which is optional."""
+    return config["kind"] == "envpool_loop" or config.get("env") == "envpool"
+
+
+def envpool_problem() -> str | None:
+    """Why EnvPool cannot run here (it does not import), or None when it can. Asked of a
+    fresh process, as a run would import it, and only where a series has such runs."""
+    probe = "import envpool; print(envpool.__version__)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        return f"envpool does not import (pip install rlcollect[envpool]): {why[0][-300:]}"
     return None
 
 
@@ -216,6 +236,12 @@ def run_series(
         problem = peers_problem(peers_path)
         if problem:
             for name in [n for n, c in configs.items() if c["kind"] == "torchrl"]:
+                skipped[name] = problem
+                del configs[name]
+    if any(needs_envpool(c) for c in configs.values()):
+        problem = envpool_problem()
+        if problem:
+            for name in [n for n, c in configs.items() if needs_envpool(c)]:
                 skipped[name] = problem
                 del configs[name]
     env = environment(peers_path)

@@ -161,9 +161,7 @@ def _step_seconds(env: Any, budget: float) -> float | None:
 
 def _info_fields(env: Any, source: Source, names: tuple[str, ...]) -> tuple[Field, ...]:
     try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        *_, info = env.step(env.action_space.sample())
+        info = _first_step_info(env, source)
     except Exception as exc:
         raise ValueError(
             f"env 0 raised while probing its info for info_keys={names!r} (one reset and one "
@@ -188,6 +186,24 @@ def _info_fields(env: Any, source: Source, names: tuple[str, ...]) -> tuple[Fiel
             )
         fields.append(Field(info_key(name), tuple(value.shape), value.dtype))
     return tuple(fields)
+
+
+def _first_step_info(env: Any, source: Source) -> Any:
+    """The info of ``env``'s first step with sampled actions, after a reset."""
+    if not source.envpool:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        *_, info = env.step(env.action_space.sample())
+        return info
+    # An EnvPool pool (worker/source.py): reset with async_reset + recv, and send the
+    # actions to the sub-envs of that result; its action_space is one sub-env's.
+    env.async_reset()
+    *_, info = env.recv()
+    ids = np.asarray(info["env_id"])
+    source.action_space.seed(0)
+    env.send(np.stack([source.action_space.sample() for _ in ids]), ids)
+    *_, info = env.recv()
+    return info
 
 
 def observation_fields(space: Any) -> tuple[tuple[Path, ...], tuple[Field, ...]]:

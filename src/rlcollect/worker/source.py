@@ -10,9 +10,12 @@ the worker loop never asks again:
 * for a vector env: its number of sub-envs, its autoreset mode (gymnasium's
   ``metadata["autoreset_mode"]``; ``NextStep`` where absent, gymnasium 1.0's only mode),
   and its ``batch_size``: a vector env with ``send``/``recv`` and
-  ``batch_size < num_envs`` (ale-py's ``AtariVectorEnv``, EnvPool-style) is driven
+  ``batch_size < num_envs`` (ale-py's ``AtariVectorEnv``, EnvPool's pools) is driven
   asynchronously — each ``recv`` returns the first ``batch_size`` sub-envs to finish,
-  named by ``info["env_id"]``. Any other vector env is stepped whole.
+  named by ``info["env_id"]``. Any other vector env is stepped whole;
+* whether it follows EnvPool's protocol (:func:`envpool_batch_size`): its batch size is
+  ``config["batch_size"]`` (0: every sub-env), it resets with ``async_reset`` and
+  ``recv``, and ``send`` is given the sub-envs its actions are for.
 
 This module imports no torch: it runs in worker processes.
 """
@@ -25,7 +28,7 @@ from typing import Any
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-__all__ = ["Source", "describe"]
+__all__ = ["Source", "describe", "envpool_batch_size"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Source:
     ``sub_envs`` is 0 for a plain env and ``n`` for a vector env of ``n`` sub-envs;
     ``batch_size`` is how many sub-envs one result holds (``n`` unless it is driven
     asynchronously); ``autoreset`` is the vector env's ``AutoresetMode`` (None for a
-    plain env).
+    plain env); ``envpool``: the vector env follows EnvPool's protocol.
     """
 
     observation_space: Any
@@ -43,6 +46,7 @@ class Source:
     sub_envs: int = 0
     batch_size: int = 1
     autoreset: AutoresetMode | None = None
+    envpool: bool = False
 
     @property
     def vector(self) -> bool:
@@ -91,7 +95,8 @@ def _describe_vector(env: VectorEnv, name: str) -> Source:
             f"single_action_space: {type(env).__name__}"
         )
     mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-    batch = getattr(env, "batch_size", n)
+    pool_batch = envpool_batch_size(env)
+    batch = getattr(env, "batch_size", n) if pool_batch is None else pool_batch
     if not isinstance(batch, int) or not 1 <= batch <= n:
         raise ValueError(
             f"{name} returned a vector env with batch_size={batch!r}; it must be an int "
@@ -109,4 +114,30 @@ def _describe_vector(env: VectorEnv, name: str) -> Source:
                 f"num_envs={n}) with autoreset mode {mode.value}: its finished sub-envs "
                 "cannot be reset while the others step; use NextStep or SameStep"
             )
-    return Source(obs_space, act_space, sub_envs=n, batch_size=batch, autoreset=mode)
+    return Source(
+        obs_space,
+        act_space,
+        sub_envs=n,
+        batch_size=batch,
+        autoreset=mode,
+        envpool=pool_batch is not None,
+    )
+
+
+def envpool_batch_size(env: Any) -> int | None:
+    """The batch size of a vector env that follows EnvPool's protocol, else None.
+
+    EnvPool's pools (``envpool.make(..., env_type="gymnasium")``) hold their batch size
+    in ``config["batch_size"]`` (0: every sub-env), not in an attribute; they reset with
+    ``async_reset`` followed by ``recv`` (their ``reset`` takes no seed: a pool's seeds
+    are fixed when it is built), and their ``send`` must be given the sub-envs the
+    actions are for (without them it sends to every sub-env). Recognised by that
+    protocol, not by type, so that rlcollect needs no EnvPool to run.
+    """
+    config = getattr(env, "config", None)
+    if not (isinstance(config, dict) and callable(getattr(env, "async_reset", None))):
+        return None
+    batch = config.get("batch_size")
+    if not isinstance(batch, int) or isinstance(batch, bool):
+        return None
+    return batch if batch != 0 else int(env.num_envs)

@@ -4,7 +4,12 @@ A worker's vector env ``g`` of ``n`` sub-envs holds the worker's columns ``g * n
 ``g * n + n - 1``, collector envs ``env_offset + g * n + j``. :class:`VectorEnvDriver`
 drives it the one way its source allows: ``send`` + ``recv`` when driven asynchronously
 (``batch_size < num_envs``: ``recv`` returns the first ``batch_size`` sub-envs to
-finish, named by ``info["env_id"]``), ``step`` otherwise. Every call is marked in the
+finish, named by ``info["env_id"]``), ``step`` otherwise. An EnvPool pool
+(``source.envpool``) is always driven with ``send`` + ``recv``, its ``send`` given the
+sub-envs of the last result (it would send to every sub-env without them, in sub-env
+order, not in the result's), and it resets with ``async_reset`` + ``recv`` (its
+``reset`` is not defined for a pool driven asynchronously, and takes no seed: a pool's
+seeds are fixed when it is built). Every call is marked in the
 worker's progress record (``progress.py``, read by ``collector/batches/stall.py``), and
 every failure is raised as an ``EnvError`` naming the vector env's envs.
 
@@ -52,6 +57,8 @@ class VectorEnvDriver:
         self.first = spec.env_offset + index * self.n  # collector index of sub-env 0
         self.base = index * self.n  # worker column of sub-env 0
         self.asynchronous = source.asynchronous
+        self.envpool = source.envpool
+        self.ids = np.arange(self.n)  # the sub-env of each row of the last result
         self.batch = source.batch_size
         self.mode = source.autoreset
         self.paths = spec.observation_paths
@@ -65,6 +72,8 @@ class VectorEnvDriver:
         return EnvError(self.first, f"{during} of the vector env of envs {self.first}-{last}")
 
     def reset(self) -> Result:
+        if self.envpool:
+            return self._reset_pool()
         try:
             self.progress.enter(Stage.RESET, self.first)
             obs, info = self.env.reset(seed=self.seed)
@@ -73,10 +82,22 @@ class VectorEnvDriver:
             raise self.fail("reset") from exc
         rows = len(leaf(obs, self.paths[0]))
         zeros = np.zeros(rows, dtype=bool)
-        return self._ids(info, rows), obs, np.zeros(rows, np.float32), zeros, zeros, info
+        self.ids = self._ids(info, rows)
+        return self.ids, obs, np.zeros(rows, np.float32), zeros, zeros, info
+
+    def _reset_pool(self) -> Result:
+        """EnvPool: reset every sub-env; the result holds the first ``batch_size``."""
+        try:
+            self.progress.enter(Stage.RESET, self.first)
+            self.env.async_reset()
+            obs, reward, term, trunc, info = self.env.recv()
+            self.progress.leave()
+        except Exception as exc:
+            raise self.fail("reset") from exc
+        return self._result(obs, reward, term, trunc, info)
 
     def act(self, actions: np.ndarray) -> Result:
-        if self.asynchronous:
+        if self.asynchronous or self.envpool:
             self.send(actions)
             return self.recv()
         self._check(actions)
@@ -93,7 +114,10 @@ class VectorEnvDriver:
         self._check(actions)
         try:
             self.progress.enter(Stage.STEP, self.first)
-            self.env.send(actions)
+            if self.envpool:
+                self.env.send(actions, self.ids)
+            else:
+                self.env.send(actions)
             self.progress.leave()
         except Exception as exc:
             raise self.fail("step") from exc
@@ -109,8 +133,8 @@ class VectorEnvDriver:
         return self._result(obs, reward, term, trunc, info)
 
     def _check(self, actions: np.ndarray) -> None:
-        """Every action lies within the action space (row ``i`` is sub-env ``i`` when
-        stepped whole; driven with send/recv, the last result's rows)."""
+        """Every action lies within the action space (row ``i`` is the last result's
+        row ``i``: sub-env ``i`` when stepped whole, but for an EnvPool pool)."""
         if self.bounds is None:
             return
         bad = outside(actions, self.bounds)
@@ -118,7 +142,9 @@ class VectorEnvDriver:
             row = int(np.flatnonzero(bad)[0])
             last = self.first + self.n - 1
             where = (
-                f"env {self.first + row}" if not self.asynchronous else f"envs {self.first}-{last}"
+                f"env {self.first + int(self.ids[row])}"
+                if not self.asynchronous
+                else f"envs {self.first}-{last}"
             )
             raise self.fail("the action check") from outside_error(actions[row], where, self.space)
 
@@ -131,8 +157,9 @@ class VectorEnvDriver:
                 f"rewards {text_of(reward, quoted=True)} ({rewards.dtype}): rewards must be "
                 "real numbers"
             )
+        self.ids = self._ids(info, rows)
         return (
-            self._ids(info, rows),
+            self.ids,
             obs,
             rewards,
             np.asarray(term, dtype=bool),
