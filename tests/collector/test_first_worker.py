@@ -132,7 +132,7 @@ def test_a_declared_vector_env_that_raises_is_the_probes_error():
 
 
 def test_a_worker_process_that_dies_building_env_0_is_a_named_error():
-    with pytest.raises(WorkerError, match="worker 0's process died while it built env 0.*SIGKILL"):
+    with pytest.raises(WorkerError, match=r"worker 0.s process died while it built env 0.*SIGKILL"):
         AsyncBatchedCollector(
             [functools.partial(VectorDying, 0, 4, 2)],
             CountingPolicy(),
@@ -145,7 +145,7 @@ def test_a_worker_process_that_dies_building_env_0_is_a_named_error():
 def test_a_vector_env_stuck_in_its_constructor_is_a_stall_and_its_process_ends(tmp_path):
     marker = tmp_path / "building"
     try:
-        with pytest.raises(WorkerError, match="has not returned an env in 1 s.*stalled"):
+        with pytest.raises(WorkerError, match=r"has not returned an env in 1 s.*stalled"):
             AsyncBatchedCollector(
                 [functools.partial(VectorHanging, str(marker), 0, 4, 2)],
                 CountingPolicy(),
