@@ -497,3 +497,64 @@ class ForksAHelper(CountingEnv):
         with open(path + ".part", "w") as f:
             f.write(str(helper.pid))
         os.rename(path + ".part", path)  # whole when it appears
+
+
+class LoggedVector(CountingVectorEnv):
+    """A CountingVectorEnv (a ``VectorEnv`` class: a declared vector env) that appends
+    the id of the process building it to the file ``log``, one line per construction."""
+
+    def __init__(self, log, first, n, batch, **kwargs):
+        import os
+
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        super().__init__(first, n, batch, **kwargs)
+
+
+class VectorRaising(CountingVectorEnv):
+    """A declared vector env whose constructor raises."""
+
+    def __init__(self, first, n, batch):
+        raise RuntimeError("no vector env today")
+
+
+class VectorDying(CountingVectorEnv):
+    """A declared vector env whose constructor kills its process (as a crash would)."""
+
+    def __init__(self, first, n, batch):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class VectorHanging(CountingVectorEnv):
+    """A declared vector env whose constructor writes its process id to ``marker`` and
+    blocks (five minutes, or until RELEASE_HANGS is set)."""
+
+    def __init__(self, marker, first, n, batch):
+        import os
+
+        with open(marker + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(marker + ".tmp", marker)
+        RELEASE_HANGS.wait(300)
+        super().__init__(first, n, batch)
+
+
+def plain_declared_vector(log) -> gym.vector.VectorEnv:
+    """Says it builds a vector env, builds a plain one (logged as LoggedVector does)."""
+    import os
+
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return CountingEnv(0)
+
+
+def logged_info_vector(log, first, n) -> gym.vector.SyncVectorEnv:
+    """``info_vector`` (declared: annotated), logged as LoggedVector does."""
+    import os
+
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return info_vector(first, n)

@@ -235,6 +235,17 @@ def test_startup_benchmark(tmp_path):
 
 
 @pytest.mark.slow
+def test_vector_startup_benchmark(tmp_path):
+    out_file = tmp_path / "vector_startup.json"
+    args = ["--workload", "slow", "--envs", "2", "--build-seconds", "0", "--repeats", "1"]
+    out = run("benchmarks/vector_startup.py", *args, "--out", str(out_file))
+    summary = json.loads(out_file.read_text())["summary"]
+    assert summary["this"]["first_batch_seconds"] > 0 and summary["env_first_step_seconds"] > 0
+    assert summary["this"]["layout"]["transport"] == "process_slots"
+    assert "| this |" in out
+
+
+@pytest.mark.slow
 def test_atari_throughput_benchmark(tmp_path):
     out = run(
         "benchmarks/atari_throughput.py",

@@ -328,9 +328,11 @@ def spawn(
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def read_handoff() -> tuple[Any, bytes]:
-    """In a child started by :func:`spawn`: its header (unpickled) and its payload."""
-    with open(int(sys.argv[1]), "rb") as handed:
+def read_handoff(fd: int | None = None) -> tuple[Any, bytes]:
+    """In a child started by :func:`spawn`: its header (unpickled) and its payload, from
+    the file it inherited, or from the file ``fd`` written the same way and handed to it
+    later (``transports/first_worker.py``)."""
+    with open(int(sys.argv[1]) if fd is None else fd, "rb") as handed:
         header = pickle.load(handed)
         return header, handed.read()
 

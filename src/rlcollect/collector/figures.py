@@ -30,7 +30,7 @@ from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.base import Transport
 from rlcollect.transports.layout import Path
 
-__all__ = ["ENV_TIMING_S", "FORWARD_TIMING_S", "choose_layout"]
+__all__ = ["ENV_TIMING_S", "FORWARD_TIMING_S", "choose_layout", "pickles"]
 
 #: Seconds of start-up the probe spends stepping env 0 to time it (its reset included).
 ENV_TIMING_S = 0.1
@@ -96,13 +96,13 @@ def choose_layout(
         # was checked against its needs before the probe. Whether the policy pickles
         # is asked only of a choice that sends it to another process (below): pickling
         # a policy copies its weights.
-        envs_picklable="transport" in named or _pickles(env_fns),
+        envs_picklable="transport" in named or pickles(env_fns),
         server_batching=o.max_batch_size is not None or o.min_batch_size != 1,
         replay_buffer=o.replay_buffer is not None,
     )
     rule, layout = choose(figures, named)
     travels = backend_kind(layout["inference_backend"]).policy_travels_to is not None
-    if travels and "inference_backend" not in named and not _pickles(policy_source):
+    if travels and "inference_backend" not in named and not pickles(policy_source):
         figures = dataclasses.replace(figures, policy_picklable=False)
         rule, layout = choose(figures, named)
     splits = layout["worker_splits"]
@@ -150,7 +150,8 @@ def _fitting(
     return min(options, key=lambda k: (abs(math.log(k / wanted)), -k))
 
 
-def _pickles(obj: Any) -> bool:
+def pickles(obj: Any) -> bool:
+    """Whether ``obj`` pickles with cloudpickle (as worker processes are sent it)."""
     try:
         cloudpickle.dumps(obj)
     except Exception:

@@ -1,8 +1,8 @@
 """The collection plan: every decision the collector makes before it starts anything.
 
 :func:`plan_collection` checks the arguments (each value alone: ``options.py``; values
-together: ``checks.py``), builds env 0 and runs the policy once (``probe.py``), and then
-decides, once, everything the parts would otherwise branch on:
+together: ``checks.py``), builds env 0 (``env0.py``) and runs the policy once
+(``probe.py``), and then decides, once, everything the parts would otherwise branch on:
 
 * the layout where the caller left it to the collector (``choice.py``: transport,
   inference backend, envs per worker, splits), from figures the probe measures,
@@ -12,8 +12,10 @@ decides, once, everything the parts would otherwise branch on:
 * the ring's layout, one :class:`~rlcollect.worker.spec.WorkerSpec` per worker and the
   configuration the backend builds its server from.
 
-The :class:`Plan` it returns is frozen and has started nothing: no worker, no thread, no
-shared memory. ``start.py`` starts the parts from it. The words (column, split, chunk,
+The :class:`Plan` it returns is frozen and has started nothing (no thread, no shared
+memory, no worker) but, where env 0 is a vector env built where it will run, worker 0's
+process that built it (``env0.py``), which the transport adopts as it starts; a plan
+that fails ends it. ``start.py`` starts the parts from it. The words (column, split, chunk,
 slot, delivery, ...) are defined once in ``docs/architecture.md``, *Terminology*.
 """
 
@@ -30,14 +32,14 @@ from gymnasium import spaces
 from rlcollect.collector import checks, values
 from rlcollect.collector.batches.delivery import Delivery, choose_delivery
 from rlcollect.collector.choice import KNOBS, Choice
-from rlcollect.collector.figures import ENV_TIMING_S, choose_layout
+from rlcollect.collector.env0 import adopted, env0_probed, first_worker, timing
+from rlcollect.collector.figures import choose_layout
 from rlcollect.collector.options import Options
 from rlcollect.collector.probe import (
     ProbedEnv,
     build_policy,
     factory_takes_spaces,
     observation_fields,
-    probe_env,
     probe_policy,
     probe_runner,
     served_policy,
@@ -50,6 +52,7 @@ from rlcollect.inference.recurrent import state_fields
 from rlcollect.inference.server import BatchingConfig
 from rlcollect.replay.counting import CountsSamples
 from rlcollect.transports.base import Transport
+from rlcollect.transports.first_worker import FirstWorker
 from rlcollect.transports.layout import Field, Path, RingLayout, Staging
 from rlcollect.worker.source import Source
 from rlcollect.worker.spec import IS_INIT, WorkerSpec, transition_fields
@@ -73,6 +76,8 @@ class Plan:
     delivery: Delivery
     throttle: tuple[float, CountsSamples] | None  # (train_ratio, the buffer that counts)
     choice: Choice  # the layout, what it was chosen from and why
+    #: Worker 0's process where it built env 0 (``env0.py``), adopted at the start.
+    first_worker: FirstWorker | None = None
 
     @property
     def envs_per_worker(self) -> int:
@@ -136,7 +141,24 @@ def plan_collection(
     fns = checks.check_env_fns(env_fns)
     o = options.checked()
     early = _check_early(fns, policy, o)
-    probed = _probe(fns, early, policy, o)
+    first = first_worker(fns, early.transport, o, timing(early.given))
+    try:  # another process's probe is no measure of the others' load: left unknown
+        return _plan(fns, policy, o, early, first, None if first is not None else load)
+    except BaseException:  # Ctrl-C included: worker 0's process ends with the plan
+        if first is not None:
+            first.close()
+        raise
+
+
+def _plan(
+    fns: list[Callable[[], Any]],
+    policy: torch.nn.Module | None,
+    o: Options,
+    early: _Early,
+    first: FirstWorker | None,
+    load: checks.CpuSample | None,
+) -> Plan:
+    probed = _probe(fns, early, policy, o, first)
     choice = choose_layout(
         fns,
         policy if policy is not None else o.policy_factory,
@@ -149,6 +171,7 @@ def plan_collection(
         load,
     )
     args = _resolve(fns, policy, o, early, probed, choice)
+    first, fns = adopted(first, args.transport, fns)
     source = probed.source
     splits = choice.worker_splits
     num_envs = len(fns) * source.envs
@@ -210,6 +233,7 @@ def plan_collection(
         delivery=delivery,
         throttle=args.throttle,
         choice=choice,
+        first_worker=first,
     )
 
 
@@ -299,17 +323,16 @@ def _check_in_workers(
 
 
 def _probe(
-    env_fns: list[Callable[[], Any]], early: _Early, policy: torch.nn.Module | None, o: Options
+    env_fns: list[Callable[[], Any]],
+    early: _Early,
+    policy: torch.nn.Module | None,
+    o: Options,
+    first: FirstWorker | None,
 ) -> _Probed:
-    """Build env 0 and call the policy once: the ring's fields come from them. Where a
-    layout knob is left to the collector, env 0's steps are also timed."""
-    choosing = len(early.given) < len(KNOBS)
-    env0 = probe_env(
-        env_fns[0],
-        tuple(o.info_keys),
-        o.stall_timeout,
-        time_steps=ENV_TIMING_S if choosing else 0.0,
-    )
+    """Build env 0 (or read what ``first`` built) and call the policy once: the ring's
+    fields come from them. Where a layout knob is left to the collector, env 0's steps
+    are also timed."""
+    env0 = env0_probed(env_fns[0], first, o, timing(early.given))
     source = env0.source
     if o.max_worker_restarts and source.vector:
         raise ValueError(

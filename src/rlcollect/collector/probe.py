@@ -24,7 +24,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,9 +33,9 @@ from gymnasium import spaces
 from rlcollect.errors import TrailingDimensionWarning, WorkerError
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Path
-from rlcollect.worker.infos import NUMERIC_KINDS
-from rlcollect.worker.source import Source, describe
-from rlcollect.worker.spec import info_key, observation_key
+from rlcollect.worker.env_probe import ProbedEnv, build_stalled, factory_failed, probe_built
+from rlcollect.worker.source import Source
+from rlcollect.worker.spec import observation_key
 
 __all__ = [
     "ProbedEnv",
@@ -51,21 +51,7 @@ __all__ = [
     "warn_of_trailing_ones",
 ]
 
-# Timed steps of env 0 at most. The steps go on for the whole budget, not only as many
-# as a median needs: the machine's load is sampled over the probe (figures.py), and
-# /proc/stat counts in ticks of 10 ms.
-_MOST_STEPS = 100_000
 _MOST_CALLS = 5  # timed forwards per batch size at most: a median of a few
-
-
-class ProbedEnv(NamedTuple):
-    """What building env 0 told: what every factory builds, the ``info_keys`` fields,
-    its step time (None where not timed) and the seconds timing it took."""
-
-    source: Source
-    info_fields: tuple[Field, ...]
-    step_seconds: float | None = None
-    timing_seconds: float = 0.0
 
 
 def probe_source(env_fn: Callable[[], Any], timeout: float | None = None) -> Source:
@@ -88,25 +74,16 @@ def probe_env(
     rather than a constructor that never returns (the thread is left behind: a thread
     cannot be stopped).
 
-    With ``time_steps`` (seconds) a plain env is also reset and stepped with sampled
-    actions for that long (at least one step, at most ``_MOST_STEPS``), and the median
-    step is its step time; an env that raises there is not timed (its worker will report
-    it).
+    With ``time_steps`` (seconds) a plain env is also timed (``worker/env_probe.py``).
     """
     try:
         env = env_fn() if timeout is None else _within(env_fn, timeout)
     except WorkerError:
         raise
     except Exception as exc:
-        raise ValueError(f"env_fns[0] raised while building the probe env: {exc}") from exc
+        raise factory_failed(exc) from exc
     try:
-        source = describe(env, "env_fns[0]")
-        info_fields = _info_fields(env, source, info_keys) if info_keys else ()
-        if not time_steps or source.vector:
-            return ProbedEnv(source, info_fields)
-        started = time.perf_counter()
-        step = _step_seconds(env, time_steps)
-        return ProbedEnv(source, info_fields, step, time.perf_counter() - started)
+        return probe_built(env, info_keys, time_steps)
     finally:
         close = getattr(env, "close", None)
         if callable(close):
@@ -128,82 +105,10 @@ def _within(env_fn: Callable[[], Any], timeout: float) -> Any:
 
     threading.Thread(target=build, name="rlcollect-probe-env", daemon=True).start()
     if not done.wait(timeout):
-        raise WorkerError(
-            f"env_fns[0] has not returned an env in {timeout:g} s while the collector built "
-            f"its probe env: stalled (stall_timeout={timeout:g} s)",
-            worker_index=-1,  # no worker: the driver's own probe
-            env_index=0,
-        )
+        raise build_stalled(timeout)
     if failure:
         raise failure[0]
     return result[0]
-
-
-def _step_seconds(env: Any, budget: float) -> float | None:
-    """The median of a few timed steps of ``env`` with sampled actions (the sampling not
-    timed), after a reset; at most ``budget`` seconds, the reset included."""
-    deadline = time.perf_counter() + budget
-    steps: list[float] = []
-    try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        while not steps or (len(steps) < _MOST_STEPS and time.perf_counter() < deadline):
-            action = env.action_space.sample()
-            start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(action)
-            steps.append(time.perf_counter() - start)
-            if terminated or truncated:
-                env.reset()
-    except Exception:
-        return None
-    return statistics.median(steps) if steps else None
-
-
-def _info_fields(env: Any, source: Source, names: tuple[str, ...]) -> tuple[Field, ...]:
-    try:
-        info = _first_step_info(env, source)
-    except Exception as exc:
-        raise ValueError(
-            f"env 0 raised while probing its info for info_keys={names!r} (one reset and one "
-            f"step with a sampled action): {type(exc).__name__}: {exc}"
-        ) from exc
-    fields = []
-    for name in names:
-        has = sorted(map(str, info)) if isinstance(info, dict) else repr(info)
-        if not isinstance(info, dict) or name not in info:
-            raise ValueError(
-                f"info_keys names {name!r}, but env 0's info after a step has no such entry "
-                f"(it holds {has})"
-            )
-        value = np.asarray(info[name])
-        if source.vector:
-            value = value[0]  # one row per sub-env
-        if value.dtype.kind not in NUMERIC_KINDS:
-            raise ValueError(
-                f"info_keys names {name!r}, but env 0's info[{name!r}] is {info[name]!r} "
-                f"({value.dtype}): only numbers (bools, integers, floats, arrays of them) "
-                "are carried"
-            )
-        fields.append(Field(info_key(name), tuple(value.shape), value.dtype))
-    return tuple(fields)
-
-
-def _first_step_info(env: Any, source: Source) -> Any:
-    """The info of ``env``'s first step with sampled actions, after a reset."""
-    if not source.envpool:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        *_, info = env.step(env.action_space.sample())
-        return info
-    # An EnvPool pool (worker/source.py): reset with async_reset + recv, and send the
-    # actions to the sub-envs of that result; its action_space is one sub-env's.
-    env.async_reset()
-    *_, info = env.recv()
-    ids = np.asarray(info["env_id"])
-    source.action_space.seed(0)
-    env.send(np.stack([source.action_space.sample() for _ in ids]), ids)
-    *_, info = env.recv()
-    return info
 
 
 def observation_fields(space: Any) -> tuple[tuple[Path, ...], tuple[Field, ...]]:

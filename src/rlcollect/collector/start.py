@@ -36,6 +36,8 @@ def start_serving(
     """Start the workers and the backend serving them; returns the driver's end of the
     ring, the running backend, and what a restarted worker runs. On failure the
     transport is left for the caller to close."""
+    if plan.first_worker is not None:  # worker 0's process, which built env 0
+        plan.transport.adopt_first_worker(plan.first_worker)
     prepared = plan.backend.prepare()
     try:
         programs = [prepared.program(spec) for spec in plan.specs]

@@ -45,12 +45,15 @@ from __future__ import annotations
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from rlcollect.errors import CollectorError, EnvError, WorkerFailure
 from rlcollect.transports.layout import Key, RingLayout
+
+if TYPE_CHECKING:  # it imports this module
+    from rlcollect.transports.first_worker import FirstWorker
 
 __all__ = [
     "RequestEnd",
@@ -382,6 +385,20 @@ class Transport(ABC):
     #: 0: no pooled rings; the collector then never asks for one, nor for one of more
     #: slots than this (``num_workers`` times ``POOL_BLOCKS``: ``collector/batches/loans.py``).
     pool_slots: ClassVar[int] = 0
+    #: Whether :meth:`adopt_first_worker` is implemented: the collector then builds a
+    #: vector env 0 in worker 0's process, started before the plan, not in the driver.
+    adopts_first_worker: ClassVar[bool] = False
+
+    def adopt_first_worker(self, first: FirstWorker) -> None:
+        """Take ``first`` (worker 0's process, started before the plan: it built env 0,
+        ``transports/first_worker.py``) as worker 0 at :meth:`start`, instead of starting
+        one; :meth:`close` ends it if :meth:`start` never ran. Called before
+        :meth:`start`, only where :attr:`adopts_first_worker` is set.
+
+        Raises:
+            CollectorError: the transport adopts no worker (by default), or has started.
+        """
+        raise CollectorError(f"{type(self).__name__} adopts no worker (adopts_first_worker)")
 
     def segments(self) -> tuple[str, ...]:
         """Names of the shared-memory segments (``/dev/shm``) this transport created and

@@ -118,6 +118,7 @@ from rlcollect.processes import (
     unlink_segment,
 )
 from rlcollect.transports.base import ServerEnd, Transport, WorkerProgram
+from rlcollect.transports.first_worker import FirstWorker
 from rlcollect.transports.layout import RingLayout
 from rlcollect.transports.process_server import (
     MAX_FIRST_CREDITS,
@@ -192,12 +193,19 @@ class ProcessSlotTransport(Transport):
         self._child_env: dict[str, str] = {}
         # Every worker's read end: its driver's death reaches it (lifeline.py).
         self._lifeline: Lifeline | None = None
+        self._first: FirstWorker | None = None  # worker 0, started before (first_worker.py)
 
     supports_restart = True
     pickles_programs = True
     supports_request_channel = True
     names_slots = True
     pool_slots = 2**16  # a credit is two bytes (process_server.CREDIT)
+    adopts_first_worker = True
+
+    def adopt_first_worker(self, first: FirstWorker) -> None:
+        if self._started or self._closed:
+            raise CollectorError("a ProcessSlotTransport adopts worker 0 before it starts")
+        self._first = first  # its process becomes worker 0; its lifeline the workers'
 
     @property
     def pids(self) -> list[int]:
@@ -256,7 +264,7 @@ class ProcessSlotTransport(Transport):
         self._shm_name = name
         self._layout = layout
         self._finalizer = weakref.finalize(self, _emergency_cleanup, name, self._procs)
-        self._lifeline = Lifeline()
+        self._lifeline = Lifeline() if self._first is None else self._first.lifeline
 
         # Until the server end owns the driver's ends, every descriptor is in `opened`,
         # closed if anything fails (a low fd limit fails here, half-way through).
@@ -331,6 +339,9 @@ class ProcessSlotTransport(Transport):
         if h.stack_fd >= 0:
             fds += (h.stack_fd,)
         assert self._lifeline is not None  # made in start(), before any worker
+        if h.index == 0 and self._first is not None:
+            first, self._first = self._first, None
+            return first.hand_over(header, payload)
         return spawn(
             _CHILD, header, payload, pass_fds=fds, env=self._child_env, lifeline=self._lifeline
         )
@@ -426,6 +437,8 @@ class ProcessSlotTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        if self._first is not None:  # adopted, never handed its program
+            self._first.close()
         if self._lifeline is not None:
             self._lifeline.orderly()  # the workers stop in order (lifeline.py)
         if self._server is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from rlcollect.errors import ChannelClosed, WorkerFailure
-from rlcollect.lifeline import exit_child, watch_driver
+from rlcollect.lifeline import at_driver_death, exit_child, watch_driver
 from rlcollect.processes import (
     attach_segment,
     batch_scheduling,
@@ -35,7 +35,7 @@ from rlcollect.transports.generations import response_token, tag
 from rlcollect.transports.layout import RingLayout
 from rlcollect.transports.process_server import CREDIT
 
-__all__ = ["WorkerHeader", "worker_main"]
+__all__ = ["WorkerHeader", "run_worker_process", "worker_main"]
 
 _MESSAGE = struct.Struct("<ii")  # (worker, position or slot), little-endian int32 pair
 
@@ -121,6 +121,14 @@ def worker_main() -> None:
     batch_scheduling()
     header: WorkerHeader
     header, payload = read_handoff()
+    run_worker_process(header, payload)
+
+
+def run_worker_process(header: WorkerHeader, payload: bytes, *, watching: bool = False) -> None:
+    """Map the ring and run the pickled program ``payload`` as worker ``header.index``,
+    until the driver stops it or the program fails (reported, exit 1). ``watching``: the
+    lifeline's thread runs already (worker 0 started before the plan:
+    ``first_worker.py``); the ring's segment is added to what it unlinks."""
     if header.stack_fd >= 0:
         # Written from the signal handler in C: works while the worker is stuck in a
         # native call too. The driver asks with SIGUSR1 when the worker stalled.
@@ -137,7 +145,7 @@ def worker_main() -> None:
         # From here on the driver's death ends this worker and its group, even inside a
         # long env call. Not before: a worker still importing reaches its pipes, and
         # ends in order, unlinking what its program names too (lifeline.py).
-        watch_driver(lambda: unlink_segment(header.shm_name))
+        (at_driver_death if watching else watch_driver)(lambda: unlink_segment(header.shm_name))
         program(end)
     except ChannelClosed:
         unlink_segment(header.shm_name)  # the driver may have died without unlinking

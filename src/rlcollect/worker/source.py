@@ -17,18 +17,24 @@ the worker loop never asks again:
   ``config["batch_size"]`` (0: every sub-env), it resets with ``async_reset`` and
   ``recv``, and ``send`` is given the sub-envs its actions are for.
 
+:func:`declares_vector` tells, without calling a factory, whether it says it builds a
+vector env: the plan then builds env 0 where it will run, in worker 0's process
+(``transports/first_worker.py``), rather than once in the driver and again in the worker.
+
 This module imports no torch: it runs in worker processes.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-__all__ = ["Source", "describe", "envpool_batch_size"]
+__all__ = ["Source", "declares_vector", "describe", "envpool_batch_size"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +147,29 @@ def envpool_batch_size(env: Any) -> int | None:
     if not isinstance(batch, int) or isinstance(batch, bool):
         return None
     return batch if batch != 0 else int(env.num_envs)
+
+
+def declares_vector(fn: Any) -> bool:
+    """Whether the factory ``fn`` says, without being called, that it builds a vector env:
+    it is a ``VectorEnv`` class (ale-py's ``AtariVectorEnv``, gymnasium's
+    ``SyncVectorEnv``), or a function whose return annotation names one
+    (``gymnasium.make_vec``, a ``def make() -> gym.vector.VectorEnv``), or a
+    ``functools.partial`` of either. An annotation that cannot be evaluated counts by
+    its name's last part (``"...VectorEnv"``). Only where the env is built depends on
+    it, never what the collector does with it: a factory that says so wrongly still
+    works (``describe`` reads what it built).
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if isinstance(fn, type):
+        return issubclass(fn, VectorEnv)
+    try:
+        annotation = inspect.signature(fn, eval_str=True).return_annotation
+    except Exception:  # a name the annotation's module does not define, say
+        try:
+            annotation = inspect.signature(fn).return_annotation
+        except (TypeError, ValueError):
+            return False
+    if isinstance(annotation, str):
+        return annotation.strip("'\" ").rsplit(".", 1)[-1].endswith("VectorEnv")
+    return isinstance(annotation, type) and issubclass(annotation, VectorEnv)
