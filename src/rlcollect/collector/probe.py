@@ -69,17 +69,24 @@ def probe_env(
     """Build env 0 once in the driver: what every factory must build, and the ring fields
     of the ``info_keys`` entries (none without ``info_keys``: the env is not stepped).
 
-    With a ``timeout`` (the collector's ``stall_timeout``) the factory runs in a thread
-    of its own, so that one that never returns is a ``WorkerError`` after that long
-    rather than a constructor that never returns (the thread is left behind: a thread
-    cannot be stopped).
+    With a ``timeout`` (the collector's ``stall_timeout``) the factory, and env 0's probe
+    (its reset and steps, for ``info_keys`` and the timing), run in a thread of their
+    own, so that an env that never returns is a ``WorkerError`` after that long rather
+    than a constructor that never returns (the thread is left behind: a thread cannot be
+    stopped).
 
     With ``time_steps`` (seconds) a plain env is also timed (``worker/env_probe.py``).
     """
+    if timeout is None:
+        return _build_and_probe(env_fn, info_keys, time_steps)
+    return _within(lambda: _build_and_probe(env_fn, info_keys, time_steps), timeout)
+
+
+def _build_and_probe(
+    env_fn: Callable[[], Any], info_keys: tuple[str, ...], time_steps: float
+) -> ProbedEnv:
     try:
-        env = env_fn() if timeout is None else _within(env_fn, timeout)
-    except WorkerError:
-        raise
+        env = env_fn()
     except Exception as exc:
         raise factory_failed(exc) from exc
     try:
@@ -90,20 +97,20 @@ def probe_env(
             close()
 
 
-def _within(env_fn: Callable[[], Any], timeout: float) -> Any:
+def _within(probe: Callable[[], ProbedEnv], timeout: float) -> ProbedEnv:
     done = threading.Event()
-    result: list[Any] = []
+    result: list[ProbedEnv] = []
     failure: list[BaseException] = []
 
-    def build() -> None:
+    def run() -> None:
         try:
-            result.append(env_fn())
+            result.append(probe())
         except BaseException as exc:
             failure.append(exc)
         finally:
             done.set()
 
-    threading.Thread(target=build, name="rlcollect-probe-env", daemon=True).start()
+    threading.Thread(target=run, name="rlcollect-probe-env", daemon=True).start()
     if not done.wait(timeout):
         raise build_stalled(timeout)
     if failure:

@@ -122,7 +122,8 @@ def build_stalled(timeout: float) -> WorkerError:
     ``stall_timeout`` while env 0 was built for the probe."""
     return WorkerError(
         f"env_fns[0] has not returned an env in {timeout:g} s while the collector built "
-        f"its probe env: stalled (stall_timeout={timeout:g} s)",
+        f"its probe env (or that env has not finished the probe's reset and steps): "
+        f"stalled (stall_timeout={timeout:g} s)",
         worker_index=-1,  # the probe's env, before any worker runs it
         env_index=0,
     )

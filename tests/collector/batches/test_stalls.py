@@ -190,6 +190,23 @@ def test_an_env_factory_that_never_returns_is_a_named_error_at_construction(tmp_
     assert time.monotonic() - started < LIMIT
 
 
+@pytest.mark.parametrize("layout", ["given", "auto"])
+def test_an_env_stuck_in_the_probes_reset_is_a_named_error_at_construction(tmp_path, layout):
+    """The probe also resets and steps env 0 in the driver (for info_keys, and to time it
+    where the layout is left to the collector): an env stuck there is a WorkerError after
+    stall_timeout too, not a constructor that never returns."""
+    fns = [functools.partial(HangOnce, 0, str(tmp_path / "hung"), in_reset=True)]
+    fns += counting_envs(1)
+    kwargs = {"info_keys": ("step",)}  # env 0 reset and stepped once
+    if layout == "auto":  # env 0 timed: reset and stepped for a while
+        kwargs = {"inference_backend": "auto", "envs_per_worker": "auto", "worker_splits": "auto"}
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"env_fns\[0\] has not returned an env in 1 s.*reset"):
+        make("process_slots", fns, **kwargs)
+    assert time.monotonic() - started < LIMIT
+    assert (tmp_path / "hung").exists()  # it did hang there
+
+
 @pytest.mark.parametrize("value", [0, -1.0, True, "60"])
 def test_stall_timeout_must_be_positive_seconds_or_none(value):
     with pytest.raises(ValueError, match="stall_timeout must be a number of seconds > 0"):
