@@ -476,18 +476,24 @@ def _vector_series(
             "vector_rlcollect", layout, transport=transport, backend=backend
         )
     if pools:
-        runs[f"envpool_only[{_vector_name(one)}]"] = config("vector_env_only", one, env="envpool")
+        runs[f"envpool_only[{_vector_name(one)}]"] = config(
+            "vector_env_only", one, vector_source="envpool"
+        )
         runs[f"envpool_loop[{_vector_name(one)}]"] = config("envpool_loop", one)
     for transport, layout, backend in pools:
         how = f"envpool, {transport}, "
         how += f'inference_backend="{backend}", ' if backend != "thread" else ""
         runs[f"rlcollect[{how}{_vector_name(layout)}]"] = config(
-            "vector_rlcollect", layout, transport=transport, backend=backend, env="envpool"
+            "vector_rlcollect",
+            layout,
+            transport=transport,
+            backend=backend,
+            vector_source="envpool",
         )
 
     def env(run: str) -> str:  # the vector env a run steps
         kind = runs[run]["kind"]
-        return "envpool" if kind == "envpool_loop" else str(runs[run].get("env", "ale"))
+        return "envpool" if kind == "envpool_loop" else str(runs[run].get("vector_source", "ale"))
 
     mine = [r for r in runs if r.startswith("rlcollect")]
     others = [r for r in runs if not r.startswith("rlcollect")]

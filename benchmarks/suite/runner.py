@@ -99,8 +99,8 @@ def peers_problem(peers_path: str | None) -> str | None:
 
 
 def needs_envpool(config: dict[str, Any]) -> bool:
-    """True for a run over EnvPool's pools (``vectors.py``: ``env``), which is optional."""
-    return config["kind"] == "envpool_loop" or config.get("env") == "envpool"
+    """True for a run over EnvPool's pools (``vectors.py``: ``vector_source``): optional."""
+    return config["kind"] == "envpool_loop" or config.get("vector_source") == "envpool"
 
 
 def envpool_problem() -> str | None:

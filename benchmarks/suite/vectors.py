@@ -96,10 +96,10 @@ def run_env_only(config: dict[str, Any]) -> dict[str, Any]:
     vector_envs, envs, batch, threads = config["layout"]
     if vector_envs != 1:
         raise ValueError(f"env_only steps one vector env, got layout {config['layout']}")
-    pool = config.get("env", "ale") == "envpool"
+    pool = config.get("vector_source", "ale") == "envpool"
 
     def steps() -> Iterator[int]:
-        env = _Factory(envs, batch, threads, config.get("env", "ale"))()
+        env = _Factory(envs, batch, threads, config.get("vector_source", "ale"))()
         try:
             rng = np.random.default_rng(0)
             n = int(env.single_action_space.n)
@@ -131,7 +131,7 @@ def run_rlcollect(config: dict[str, Any]) -> dict[str, Any]:
     vector_envs, envs, batch, threads = config["layout"]
     return measure_collector(
         lambda: AsyncBatchedCollector(
-            [_Factory(envs, batch, threads, config.get("env", "ale"))] * vector_envs,
+            [_Factory(envs, batch, threads, config.get("vector_source", "ale"))] * vector_envs,
             acting_policy(config["policy"]),
             frames_per_batch=config["frames_per_batch"],
             total_frames=-1,

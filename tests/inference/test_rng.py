@@ -38,6 +38,7 @@ def actions(seed, transport="process_slots", n=4, beside=None, **kwargs):
             total_frames=256,
             transport=transport,
             envs_per_worker=n,
+            worker_splits=1,  # "auto" splits a worker for a GPU policy
             seed=seed,
             **kwargs,
         ) as c,
