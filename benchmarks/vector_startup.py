@@ -130,7 +130,12 @@ def collector(args: argparse.Namespace) -> dict[str, Any]:
 def fresh(kind: str, src: str | None, argv: list[str]) -> dict[str, Any]:
     env = dict(os.environ)
     if src is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), str(HERE)])
+        # The tree's src first; whatever else the path held stays (installed packages
+        # in a --target directory, say), except this checkout's own src.
+        own = (HERE.parent / "src").resolve()
+        kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        kept = [p for p in kept if Path(p).resolve() != own]
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), str(HERE), *kept])
     done = subprocess.run(
         [sys.executable, __file__, "--child", kind, *argv],
         capture_output=True,
