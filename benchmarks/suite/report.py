@@ -454,6 +454,29 @@ def _section(suite: str, label: str, docs: dict[str, dict[str, Any]], images: Pa
     return out
 
 
+def _gpu_check(results: Path) -> list[str]:
+    """The latest one-call GPU check (``benchmarks/gpu_check.sh``): its summary as it
+    printed it, headings one level down, and where its files are."""
+    found = sorted((results / "gpu_check").glob("*/summary.md"))
+    if not found:
+        return []
+    latest = found[-1]
+    out = [f"## The one-call GPU check: {latest.parent.name}", ""]
+    for line in latest.read_text().splitlines():
+        if line.startswith("# "):
+            continue  # the check's own title: the heading above replaces it
+        if line.startswith("written to "):
+            continue  # where the device wrote it, not where it is kept
+        out.append("#" + line if line.startswith("#") else line)
+    where = f"../benchmarks/results/gpu_check/{latest.parent.name}"
+    out += [
+        "",
+        f"Its files, and how each was made: [`{latest.parent.name}`]({where}/README.txt).",
+        "",
+    ]
+    return out
+
+
 def write_report(results: Path, docs_dir: Path) -> Path:
     """Write ``docs_dir/results.md`` and its plots from ``results/suite_*``; returns the page."""
     images = docs_dir / "results"
@@ -470,6 +493,7 @@ def write_report(results: Path, docs_dir: Path) -> Path:
         "older standalone scripts; `python -m benchmarks --help` lists the options.",
         "",
     ]
+    page += _gpu_check(results)
     headline: Path | None = None
     for suite, label in SUITES:
         docs = _load(results, suite)
