@@ -32,7 +32,8 @@ class Forking(CountingEnv):
 
 fns = [functools.partial(CountingEnv, 0), functools.partial(Forking, 1, {pidfile!r})]
 c = AsyncBatchedCollector(fns, CountingPolicy(), frames_per_batch=8, total_frames=-1,
-                          transport="process_slots", policy_device="cpu")
+                          transport="process_slots", policy_device="cpu",
+                          inference_backend="thread", envs_per_worker=1, worker_splits=None)
 next(c)
 print(c.transport.pids[1], flush=True)
 sys.stdin.readline()  # the test kills worker 1, then says go

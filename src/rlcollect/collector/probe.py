@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from rlcollect.errors import TrailingDimensionWarning, WorkerError
+from rlcollect.errors import TrailingDimensionWarning
 from rlcollect.inference.policy import PolicyRunner
 from rlcollect.transports.layout import Field, Path
 from rlcollect.worker.env_probe import ProbedEnv, build_stalled, factory_failed, probe_built
