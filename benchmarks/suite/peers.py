@@ -50,12 +50,7 @@ def run_async_vector(config: dict[str, Any]) -> dict[str, Any]:
             context="forkserver",
         )
         try:
-            act = FixedBatchStep(
-                acting_policy(config["policy"], config["device"]),
-                n,
-                config["device"],
-                graph=config["graph"],
-            )
+            act = _acting_step(config, n)
             obs, _ = envs.reset(seed=0)
             while True:
                 obs, *_ = envs.step(act(obs))
@@ -79,12 +74,7 @@ def run_atari_vector(config: dict[str, Any]) -> dict[str, Any]:
     def steps() -> Iterator[int]:
         envs = pong_vector(n, batch, threads)
         try:
-            act = FixedBatchStep(
-                acting_policy(config["policy"], config["device"]),
-                batch,
-                config["device"],
-                graph=config["graph"],
-            )
+            act = _acting_step(config, batch)
             obs, _ = envs.reset(seed=0)
             while True:
                 envs.send(act(obs))
@@ -98,6 +88,17 @@ def run_atari_vector(config: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _acting_step(config: dict[str, Any], batch: int) -> FixedBatchStep:
+    """The series' acting policy as a fixed-batch step of ``batch`` rows (a CUDA graph
+    where ``config["graph"]``): every loop of this module alike."""
+    return FixedBatchStep(
+        acting_policy(config["policy"], config["device"]),
+        batch,
+        config["device"],
+        graph=config["graph"],
+    )
+
+
 def run_envpool(config: dict[str, Any]) -> dict[str, Any]:
     _threads(config)
     _, n, batch, threads = config["layout"]
@@ -105,12 +106,7 @@ def run_envpool(config: dict[str, Any]) -> dict[str, Any]:
     def steps() -> Iterator[int]:
         envs = pong_pool(n, batch, threads)
         try:
-            act = FixedBatchStep(
-                acting_policy(config["policy"], config["device"]),
-                batch,
-                config["device"],
-                graph=config["graph"],
-            )
+            act = _acting_step(config, batch)
             envs.async_reset()
             while True:
                 obs, *_, info = envs.recv()

@@ -132,16 +132,21 @@ class TwoWeights(torch.nn.Module):
         return (self.a + self.b).round().long().expand(observation.shape[0])
 
 
-@pytest.mark.parametrize("backend", ["thread", "process"])
-def test_weights_that_cannot_all_be_applied_change_nothing(backend):
-    with AsyncBatchedCollector(
+def two_weights_collector(backend):
+    """TwoWeights served by ``backend`` to two envs in worker processes."""
+    return AsyncBatchedCollector(
         counting_envs(2),
         TwoWeights(),
         frames_per_batch=16,
         transport="process_slots",
         inference_backend=backend,
         policy_device="cpu",
-    ) as c:
+    )
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_weights_that_cannot_all_be_applied_change_nothing(backend):
+    with two_weights_collector(backend) as c:
         next(c)
         bad = {"a": torch.tensor(3.0), "b": np.array(3.0)}  # "a" would be copied first
         with pytest.raises(TypeError, match=r"weight 'b' is a ndarray, not a torch\.Tensor"):
@@ -166,14 +171,7 @@ UNCOPYABLE = [
 def test_weights_that_cannot_be_copied_change_nothing_and_name_the_weight(backend):
     """Each bad value comes after a good one ("a" would be copied first): the update is
     refused whole, naming the weight, on every backend; the policy acts as before."""
-    with AsyncBatchedCollector(
-        counting_envs(2),
-        TwoWeights(),
-        frames_per_batch=16,
-        transport="process_slots",
-        inference_backend=backend,
-        policy_device="cpu",
-    ) as c:
+    with two_weights_collector(backend) as c:
         next(c)
         for make, error, match in UNCOPYABLE:
             with pytest.raises(error, match=match):
