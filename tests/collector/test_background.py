@@ -128,6 +128,30 @@ def test_pause_reaches_a_quiet_point_and_resumes(transport):
     check_counting_streams(torch.cat(rb.parts))
 
 
+def test_a_pause_with_the_policy_in_the_workers_writes_nothing_and_its_forwards_stop(
+    transport,
+):
+    """The in-worker policy has no server to hold: paused, no batch is written, and the
+    workers' forwards stop once their ring slots are full (docs/layout.md)."""
+    rb = ListBuffer()
+    layout = {"inference_backend": "worker", "envs_per_worker": 2}
+    with counting_collector(transport, replay_buffer=rb, total_frames=-1, **layout) as c:
+        c.start()
+        wait_until(lambda: len(rb.parts) >= 2, what="two batches")
+        with c.pause():
+            written = len(rb.parts)
+            rows = [c.stats()["server"]["rows"]]
+
+            def forwards_stopped() -> bool:
+                rows.append(c.stats()["server"]["rows"])
+                return rows[-1] == rows[-2]
+
+            wait_until(forwards_stopped, timeout=60, what="the forwards to stop")
+            assert len(rb.parts) == written
+        wait_until(lambda: len(rb.parts) > written, what="collection to go on")
+    check_counting_streams(torch.cat(rb.parts))
+
+
 def test_iterating_inside_pause_is_refused(transport):
     with counting_collector(transport, total_frames=-1) as c:
         next(c)

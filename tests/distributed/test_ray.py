@@ -222,9 +222,13 @@ def test_policy_in_each_nodes_workers(cluster):
 
 
 def test_background_collection_pause_and_weight_updates(cluster):
+    """Paused, no batch is written and no inference batch runs: the server layout, whose
+    pause holds the server (the in-worker policy's forwards stop once the ring is full,
+    tests/collector/test_background.py)."""
     rb = ListBuffer()
     policy = ConstantPolicy(1)
-    with make(4, policy, total_frames=-1, replay_buffer=rb) as c:
+    layout = helpers.with_server_layout({})
+    with make(4, policy, total_frames=-1, replay_buffer=rb, **layout) as c:
         with pytest.raises(CollectorError, match="call start"):
             c.join(1)
         c.start()
