@@ -94,7 +94,8 @@ def series(m: Machine) -> Series:
         cores = len(os.sched_getaffinity(0))
         for n in (1, 4, 16) if not m.quick else (4,):
             documented = {**_CPU_DOCUMENTED, "envs_per_worker": max(1, n // cores)}
-            loops = ("plain_env_loop",) * (n == 1) + ("sync_vector_loop", "async_vector_loop")
+            loops = ("plain_env_loop",) * (n == 1) + ("sync_vector_loop",)
+            loops += ("async_vector_loop",) * (not m.quick)  # quick: each kind of run once
             workloads.append(_workload(m, "cartpole", n, documented, loops))
         if not m.quick:
             documented = {**_CPU_DOCUMENTED, "envs_per_worker": max(1, 4 // cores)}

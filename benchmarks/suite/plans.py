@@ -201,9 +201,9 @@ def peers(m: Machine) -> Series:
     )
     if m.torchrl_chunk1:
         chunking.update([_torchrl(m, 1)])
-    if m.quick:  # one of each kind
+    if m.quick:  # one of each kind (the throughput series runs a server process)
         head = dict([_rlcollect(m, "process_slots", "auto")])
-        chunking = dict([_rlcollect(m, "process_slots", 1, graph=False, backend="process")])
+        chunking = {}
     for config in chunking.values():
         config["role"] = "chunking"  # left out of the headline plot and ratios
     runs = {env_only: _pixel(m, "env_only"), **head, **peer_runs, **chunking}
@@ -558,7 +558,7 @@ def vector_throughput(m: Machine) -> Series:
     # The same over EnvPool's pool (issue 59, item 3): the collector's two fastest ways.
     pools = (("process_slots", one, "thread"), ("process_slots", one, "worker"))
     if m.quick:  # each kind of run once: the smoke test's budget
-        layouts, pools = layouts[1:], pools[1:]
+        layouts, pools = layouts[2:], pools[1:]
     return _vector_series(
         m,
         "vector_throughput",

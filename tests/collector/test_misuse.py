@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from envs import CrashWhen
-from helpers import CountingPolicy, check_clean, counting_envs, wait_until
+from helpers import CountingPolicy, check_clean, counting_envs, wait_until, with_server_layout
 
 from rlcollect import AsyncBatchedCollector, CollectorError
 from rlcollect.errors import WorkerRestartWarning
@@ -54,9 +54,9 @@ def test_two_threads_iterating_one_collector_one_is_refused():
         with lock:
             outcomes.append(result)
 
-    with AsyncBatchedCollector(
-        fns, CountingPolicy(), frames_per_batch=8, transport="thread", policy_device="cpu"
-    ) as c:
+    # the layout given: the "auto" layout's probe would step a gated env 0 itself
+    layout = with_server_layout({"frames_per_batch": 8, "policy_device": "cpu"})
+    with AsyncBatchedCollector(fns, CountingPolicy(), transport="thread", **layout) as c:
         # No env can step: whichever thread enters next() first waits there for a
         # batch; the other is refused at once, whatever the order they arrive in.
         threads = [threading.Thread(target=take, args=(c,)) for _ in range(2)]
@@ -86,14 +86,8 @@ def test_shutdown_from_another_thread_ends_a_waiting_next_with_the_public_error(
     if transport == "thread":
         fns = [functools.partial(Gated, i, gate) for i in range(2)]
     kwargs = {"on_policy": True, "policy_lag": 1} if on_policy else {}
-    c = AsyncBatchedCollector(
-        fns,
-        CountingPolicy(),
-        frames_per_batch=8,
-        transport=transport,
-        policy_device="cpu",
-        **kwargs,
-    )
+    layout = with_server_layout({"frames_per_batch": 8, "policy_device": "cpu", **kwargs})
+    c = AsyncBatchedCollector(fns, CountingPolicy(), transport=transport, **layout)
     outcome: dict[str, BaseException] = {}
     iterating = threading.Event()
 

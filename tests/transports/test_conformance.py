@@ -3,7 +3,7 @@
 import pytest
 
 from rlcollect.errors import CollectorError
-from rlcollect.testing import CHECKS, check_transport
+from rlcollect.testing import CHECKS, _checks, _responder, check_transport
 from rlcollect.transports import ProcessSlotTransport, ThreadQueueTransport
 
 BUILT_IN = [ThreadQueueTransport, ProcessSlotTransport]
@@ -15,7 +15,11 @@ def test_conformance(make, check):
     CHECKS[check](make)
 
 
-def test_check_transport_names_the_failed_check():
+def test_check_transport_names_the_failed_check(monkeypatch):
+    # The broken transport can only wait out the checks' deadline: a short one will do.
+    monkeypatch.setattr(_responder, "_DEADLINE", 5.0)
+    monkeypatch.setattr(_checks, "_DEADLINE", 5.0)
+
     class Broken(ThreadQueueTransport):
         def start(self, layout, programs):
             end = super().start(layout, programs)

@@ -80,7 +80,7 @@ def check_transport(make_transport: Callable[[], Transport]) -> None:
     The checks (:data:`CHECKS`, in order) start a fresh transport each, drive it with
     real worker loops over CountingEnvs and a numpy stand-in for the inference server,
     and check routing, stream order, backpressure, error reporting, ``abort`` and
-    ``close``. A check that would hang fails after a 10-second deadline instead.
+    ``close``. A check that would hang fails after a 60-second deadline instead.
 
     Args:
         make_transport: builds a new, unstarted transport (a class works).
