@@ -2,8 +2,8 @@
 
 Each run is ``python -m benchmarks child CONFIG`` in the repository root; the child
 prints its result as one marked JSON line. Repeat r of every run of a series happens
-before repeat r + 1 of any, so slow drift of a shared machine hits every run alike, and
-ratios are computed between runs of the same repeat, then summarised. The JSON is
+before repeat r + 1 of any (every other repeat in the reverse order), so slow drift of a
+shared machine hits every run alike, and ratios are computed between runs of the same repeat, then summarised. The JSON is
 rewritten after every repeat, so a run cut short keeps what it measured
 (``complete: false``). A run that fails is recorded with its error and left out of the
 summaries; TorchRL runs are skipped with the reason when the peer install is missing,
@@ -263,7 +263,10 @@ def run_series(
     complete = True
     bar = tqdm(total=repeats * len(configs), desc=series.name, unit="run")
     for rep in range(repeats):
-        for name, config in configs.items():
+        # Every other repeat in reverse: no run always follows the same neighbour (a
+        # machine warmed or loaded by the run before would favour one side of a ratio).
+        order = list(configs.items())
+        for name, config in order if rep % 2 == 0 else order[::-1]:
             bar.update()
             if len(runs[name]) > rep:
                 continue  # measured by the call this one resumes
