@@ -1,6 +1,10 @@
 """The argument checks' own rules: what ``envs_per_worker="auto"`` resolves to."""
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +13,9 @@ from rlcollect.collector.checks import (
     available_memory,
     cgroup_cpu_quota,
     check_batch_memory,
+    cpu_sample,
     envs_per_worker_of,
+    free_cores,
     usable_cores,
 )
 from rlcollect.transports.layout import Field
@@ -99,3 +105,35 @@ def test_a_batch_must_fit_in_the_memory_available():
     check_batch_memory(fields, 10**9, -1, None)  # nothing known: nothing refused
     with pytest.raises(ValueError, match=r"frames_per_batch=65: a batch of 65 transitions"):
         check_batch_memory(fields, 65, -1, 1024)
+
+
+def test_the_load_beside_counts_this_sessions_programs_thread_by_thread():
+    """A CPU-bound process of this session is counted beside the collector (the
+    scheduler shares the cores with it thread by thread); one started in a session of
+    its own is not, where the kernel groups sessions (``sched_autogroup_enabled``)."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    same = subprocess.Popen(spin)
+    other = subprocess.Popen(spin, start_new_session=True)
+    try:
+        first = cpu_sample()
+        assert first is not None  # Linux
+        assert same.pid in first.group and os.getpid() not in first.group
+        grouped = Path("/proc/sys/kernel/sched_autogroup_enabled")
+        if grouped.exists() and grouped.read_text().strip() == "1":
+            assert other.pid not in first.group
+        # the window the probe measures over: this thread busy beside them
+        deadline = time.monotonic() + 60
+        while True:
+            start, spun = cpu_sample(), time.process_time()
+            while time.process_time() - spun < 0.2:  # CPU time of its own, however busy
+                pass
+            free, beside = free_cores(start, os.cpu_count() or 1)
+            # at least the spinning child's share beside, once it has run in the window
+            if beside is not None and beside >= 0.5:
+                break
+            assert time.monotonic() < deadline, f"the spinning child never counted: {beside}"
+        assert free is not None and 0.0 <= free <= (os.cpu_count() or 1)
+    finally:
+        for p in (same, other):
+            p.kill()
+            p.wait(30)

@@ -98,6 +98,18 @@ def test_busier_cores_and_cheaper_envs_favour_the_one_thread():
     assert speedups[3] < 1
 
 
+def test_busy_programs_of_this_session_favour_the_processes():
+    # Other sessions' programs keep their group's time: the collector has what they
+    # leave, however many processes it runs. Programs of its own session share the cores
+    # with it thread by thread: two worker processes get two parts where one thread
+    # gets one, which pays for their extra forwards where a step or a forward is costly.
+    for workload in ({**PONG, "num_envs": 4}, {"factories": 16, "num_envs": 16}):
+        assert chosen(figures(free_cores=0.5, **workload))[0] == "cpu-one-thread"
+        assert chosen(figures(busy_beside=2.0, **workload))[0] == "cpu-processes"
+    speedups = [process_speedup(figures(busy_beside=b)) for b in (0.0, 1.0, 2.0, 4.0)]
+    assert speedups[0] > speedups[1] and speedups[1] < speedups[2] < speedups[3]
+
+
 def test_many_cheap_envs_on_many_cores_run_in_processes():
     # 64 CartPole envs on 16 cores: sixteen processes step four envs each in parallel,
     # more than a single thread can make up for with its one forward per step.

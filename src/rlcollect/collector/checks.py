@@ -84,40 +84,90 @@ def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
 
 
 class CpuSample(NamedTuple):
-    """When, how busy the machine had been and how much CPU this process had used."""
+    """When, how busy the machine had been, how much CPU this process had used, and
+    each process beside it in its scheduling group (:func:`_group_cpu`)."""
 
     wall: float
     machine_busy: float  # CPU seconds of every core, all programs
     own: float  # CPU seconds of this process, all its threads
+    group: dict[int, float]  # CPU seconds of each other process of this scheduling group
 
 
 _MIN_LOAD_WINDOW = 0.05  # seconds: /proc/stat counts in ticks of 10 ms
 
 
-def cpu_sample(stat: Path = Path("/proc/stat")) -> CpuSample | None:
-    """The machine's busy CPU time and this process's own, now; None where the
-    machine's cannot be read (not Linux)."""
+def cpu_sample(stat: Path = Path("/proc/stat"), proc: Path = Path("/proc")) -> CpuSample | None:
+    """The machine's busy CPU time, this process's own and its group's, now; None
+    where the machine's cannot be read (not Linux)."""
     try:
         fields = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:9]]
     except (OSError, ValueError):
         return None
     busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait; steal counts
-    return CpuSample(time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), time.process_time())
+    tick = os.sysconf("SC_CLK_TCK")
+    return CpuSample(time.perf_counter(), busy / tick, time.process_time(), _group_cpu(proc))
+
+
+def _group_cpu(proc: Path) -> dict[int, float]:
+    """CPU seconds (user and system, by pid) of every other process that the scheduler
+    weighs thread by thread against this one's: its own session where the kernel groups
+    each session (``sched_autogroup_enabled``, the desktop default), every process this
+    one can see where it does not. A CPU-bound process of the same group takes a share
+    from each of a collector's processes alike; another group's busy processes take
+    their group's share, however many processes the collector runs."""
+    try:
+        grouped = (proc / "sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        grouped = False
+    me = os.getpid()
+    session = os.getsid(0)
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, float] = {}
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            text = (proc / entry.name / "stat").read_text()
+        except OSError:
+            continue  # gone, or not ours to read
+        # after the command's closing parenthesis: state ppid pgrp session ... utime stime
+        rest = text[text.rindex(")") + 2 :].split()
+        if len(rest) < 13 or (grouped and int(rest[3]) != session):
+            continue
+        found[int(entry.name)] = (int(rest[11]) + int(rest[12])) / tick
+    return found
 
 
 def free_cores(
-    since: CpuSample | None, cores: int, stat: Path = Path("/proc/stat")
-) -> float | None:
-    """The ``cores`` this process may use less what other programs kept busy since
-    ``since`` (a :func:`cpu_sample`; their share of the machine's cores, scaled to
-    ``cores``); None where unknown or the window was too short to tell."""
-    now = cpu_sample(stat)
+    since: CpuSample | None, cores: int, stat: Path = Path("/proc/stat"), proc: Path = Path("/proc")
+) -> tuple[float | None, float | None]:
+    """What other programs left of the ``cores`` this process may use since ``since``
+    (a :func:`cpu_sample`), as two figures scaled to ``cores``: the cores left free by
+    the programs of other scheduling groups, and the cores kept busy by those of this
+    process's own group (which share them with the collector thread by thread); None,
+    None where unknown or the window was too short to tell."""
+    now = cpu_sample(stat, proc)
     if since is None or now is None or now.wall - since.wall < _MIN_LOAD_WINDOW:
-        return None
-    others = (now.machine_busy - since.machine_busy) - (now.own - since.own)
-    busy_cores = max(0.0, others) / (now.wall - since.wall)
+        return None, None
+    wall = now.wall - since.wall
     total = os.cpu_count() or cores
-    return max(0.0, cores - busy_cores * cores / total)
+    own = now.own - since.own
+    others = max(0.0, (now.machine_busy - since.machine_busy) - own)
+    # only processes seen at both ends: one that started or ended in between is unknown
+    group = sum(max(0.0, now.group[pid] - t) for pid, t in since.group.items() if pid in now.group)
+    group = min(group, others)
+    free = max(0.0, cores - (others - group) / wall * cores / total)
+    beside = group / wall  # cores' worth, as they ran
+    share = own / wall  # what the probe's one thread that never waits got
+    if (others + own) / wall >= _SATURATED * total and 0 < share < 1:
+        # Every core was taken: the group's programs got shares, not what they asked
+        # for. Each of theirs that never waits got what the probe's thread got, so
+        # they asked for their time over its share.
+        beside /= share
+    return free, beside * cores / total
+
+
+_SATURATED = 0.9  # of every core busy: the machine gave shares, not what was asked
 
 
 def cgroup_cpu_quota(root: Path) -> float | None:

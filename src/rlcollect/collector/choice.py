@@ -72,8 +72,10 @@ class Figures:
 
     Attributes:
         cores: cores this process may use (``checks.usable_cores``).
-        free_cores: of those, what other programs left free while the probe ran
-            (``checks.free_cores``; None where unknown).
+        free_cores: of those, what the programs of other scheduling groups left free
+            while the probe ran (``checks.free_cores``; None where unknown).
+        busy_beside: cores kept busy meanwhile by the other programs of this process's
+            own scheduling group, which share the cores with it thread by thread.
         device: the policy's device type (``"cpu"``, ``"cuda"``, ...).
         factories: env factories (``len(env_fns)``).
         num_envs: envs in all (a vector env's sub-envs counted one by one).
@@ -103,6 +105,7 @@ class Figures:
     factories: int
     num_envs: int
     free_cores: float | None = None
+    busy_beside: float | None = None
     sub_envs: int = 0
     asynchronous: bool = False
     observation_bytes: int = 0
@@ -127,7 +130,8 @@ class Figures:
     def __str__(self) -> str:
         parts = [f"{self.cores} usable cores"]
         if self.free_cores is not None:
-            parts[0] += f" ({self.free_cores:.1f} free)"
+            beside = f", {self.busy_beside:.1f} busy beside" if self.busy_beside else ""
+            parts[0] += f" ({self.free_cores:.1f} free{beside})"
         parts.append(f"policy on {self.device}")
         kind = "plain"
         if self.vector:
@@ -185,24 +189,35 @@ def process_speedup(f: Figures) -> float | None:
     its interpreter. ``W`` processes of ``E / W`` envs step in parallel, but each pays a
     forward per step: where the forward's fixed cost dominates (cheap envs, a small
     policy) they spend more CPU per frame than the one thread, which only parallel
-    cores make up for. The cores that count are those other programs leave free
-    (``free_cores``): on a machine that is busy already, more processes only share the
-    same CPU time. For a run of known length, the processes' start-up (each imports
+    cores make up for. The cores that count are what the scheduler gives each
+    (:func:`_share`). For a run of known length, the processes' start-up (each imports
     torch) counts too.
     """
     if f.env_step_s is None or f.forward_1_s is None or f.forward_n_s is None:
         return None
-    free = f.cores if f.free_cores is None else f.free_cores
-    available = min(float(f.cores), max(MIN_CORES, free))
     driver = FRAME_OVERHEAD_S + COPY_S_PER_BYTE * 2 * f.observation_bytes
-    one_thread = min(1.0, available) / (_step_cost(f, f.num_envs) / f.num_envs + driver)
+    one_thread = _share(f, 1) / (_step_cost(f, f.num_envs) / f.num_envs + driver)
     workers = f.factories // checks.envs_per_worker_of("auto", f.factories, f.cores)
     each = f.num_envs // workers
-    processes = min(float(workers), available) / (_step_cost(f, each) / each + driver)
+    processes = _share(f, workers) / (_step_cost(f, each) / each + driver)
     if f.total_frames == -1:
         return processes / one_thread
-    start = PROCESS_START_S * math.ceil(workers / max(1.0, available))
+    start = PROCESS_START_S * math.ceil(workers / max(1.0, _share(f, workers)))
     return (f.total_frames / one_thread) / (f.total_frames / processes + start)
+
+
+def _share(f: Figures, busy: int) -> float:
+    """The cores ``busy`` CPU-bound threads of the collector get. The programs of other
+    scheduling groups keep their group's time whatever the collector runs, so it has
+    the cores they leave free (``free_cores``, at least ``MIN_CORES``): on a machine
+    that other sessions keep busy, more processes only share the same CPU time. Within
+    its own group the scheduler shares those cores thread by thread, so ``busy``
+    threads beside the ``busy_beside`` cores' worth of its group's other programs get
+    ``busy`` parts in ``busy + busy_beside``, and at most a core each."""
+    free = f.cores if f.free_cores is None else f.free_cores
+    available = min(float(f.cores), max(MIN_CORES, free))
+    beside = f.busy_beside or 0.0
+    return busy * min(1.0, available / (busy + beside))
 
 
 def process_margin(f: Figures) -> float:

@@ -71,7 +71,7 @@ def choose_layout(
         if num_envs > 1:
             forward_n = time_forward(runner, space, paths, num_envs, FORWARD_TIMING_S)
     cores = checks.usable_cores()
-    free = checks.free_cores(load, cores) if choosing else None
+    free, beside = checks.free_cores(load, cores) if choosing else (None, None)
     named = dict(given)
     if isinstance(named.get("transport"), Transport):
         named["transport"] = checks.transport_name(named["transport"])
@@ -79,6 +79,7 @@ def choose_layout(
     figures = Figures(
         cores=cores,
         free_cores=free,
+        busy_beside=beside,
         device=device.type,
         factories=len(env_fns),
         num_envs=num_envs,
