@@ -13,7 +13,7 @@ NO_RAY := WARNING: ray could not be installed: the RayCollector tests will be sk
 # EnvPool (the extra rlcollect[envpool]) likewise, for tests/collector/test_envpool.py.
 NO_ENVPOOL := WARNING: envpool could not be installed: the EnvPool tests will be skipped
 
-.PHONY: demo test test-busy lint typecheck unit docs bench-cpu bench clean
+.PHONY: demo test test-busy lint typecheck unit docs bench-cpu bench peers-sf clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,18 @@ bench-cpu: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks cpu
 	$(PY) -m benchmarks report
+
+# Sample Factory 2.1.1 beside rlcollect (the suite's sample_factory series, issue 59) in a
+# virtual environment of its own: it needs numpy<2 and gymnasium 0.29, which rlcollect's
+# cannot hold. torch first (the same CPU build as above), then the rest; the series'
+# Sample Factory runs are skipped, with the reason, where .peers-sf is missing.
+SF_VENV := .peers-sf
+SF_PACKAGES := sample-factory==2.1.1 gymnasium==0.29.1 ale-py==0.9.1 "numpy<2"
+peers-sf:
+	$(PYTHON) -m venv $(SF_VENV)
+	$(SF_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(SF_VENV)/bin/python -m pip install --quiet $(SF_PACKAGES)
+	$(SF_VENV)/bin/python -c "import sample_factory, ale_py, gymnasium; print('sample-factory ready')"
 
 clean:
 	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

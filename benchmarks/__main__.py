@@ -6,6 +6,7 @@
     python -m benchmarks cpu --quick          # every series, tiny budgets, one repeat
     python -m benchmarks gpu --part 1 --peers-path .peers --out DIR   # one device call
     python -m benchmarks gpu --part 3 --resume benchmarks/results/suite_gpu --out DIR  # the rest
+    python -m benchmarks cpu --series sample_factory --sf-python .peers-sf/bin/python
     python -m benchmarks report               # docs/results.md and its plots from the JSON
 
 Results go to ``benchmarks/results/suite_<suite>/<series>.json`` (``--quick`` writes to
@@ -26,6 +27,7 @@ from benchmarks.suite.environment import ROOT
 RESULTS = ROOT / "benchmarks" / "results"
 # A GPU call must end within 9 minutes: no run starts after 8, the longest takes < 40 s.
 GPU_DEADLINE_S = 480.0
+SF_PYTHON = ROOT / ".peers-sf" / "bin" / "python"  # make peers-sf builds it
 
 
 def _suite(args: argparse.Namespace) -> None:
@@ -62,6 +64,9 @@ def _suite(args: argparse.Namespace) -> None:
     peers = args.peers_path
     if peers is None and (ROOT / ".peers").is_dir():
         peers = str(ROOT / ".peers")
+    sf_python = args.sf_python
+    if sf_python is None and SF_PYTHON.is_file():
+        sf_python = str(SF_PYTHON)
     deadline_s = args.deadline_s
     if deadline_s is None and args.suite == "gpu" and not args.quick:
         deadline_s = GPU_DEADLINE_S
@@ -80,6 +85,7 @@ def _suite(args: argparse.Namespace) -> None:
                 deadline=deadline,
                 resume=(Path(args.resume) / f"{name}.json") if args.resume else None,
                 busy=args.busy,
+                sf_python=sf_python or None,
             )
             print(f"wrote {path}", flush=True)
     finally:
@@ -117,6 +123,12 @@ def main() -> None:
             "--peers-path",
             help="separate install of torchrl 0.14 + tensordict "
             "0.14 (default: .peers if present; '' to skip the TorchRL peer)",
+        )
+        p.add_argument(
+            "--sf-python",
+            help="the interpreter of a virtual environment holding sample-factory 2.1.1 "
+            "(default: .peers-sf/bin/python if present, built by make peers-sf; '' to skip "
+            "the Sample Factory runs)",
         )
         p.add_argument("--scale", type=float, default=1.0, help="multiply the time windows")
         p.add_argument(

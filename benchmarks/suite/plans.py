@@ -83,6 +83,9 @@ QUICK = replace(
 # took 6.5 minutes before its twelfth run was added; part 5 took 8.3 minutes on the H200
 # with its 5 AtariVectorEnv runs (20-40 s each, most of it start-up); with the 4 EnvPool
 # runs added (issue 59) it takes two calls, `--part 5` and then `--part 5 --resume DIR`.
+# Part 8 (Sample Factory beside rlcollect, issue 59) is 7 runs a repeat, each a fresh
+# process of 10-20 s (Sample Factory's workers start in 5-7 s on 2 CPU cores): about 5
+# minutes for three repeats (not measured on a GPU host yet).
 GPU_PARTS = {
     "1": ("peers",),
     "2": ("pixels", "async_training"),
@@ -91,6 +94,7 @@ GPU_PARTS = {
     "5": ("vector_throughput",),
     "6": ("vector_layouts",),
     "7": ("defaults",),
+    "8": ("sample_factory",),
 }
 LEARNING_STARTS = 32  # one learner batch: the loops train from their first seconds on
 ASYNC_WINDOW = 1.5  # the async-training runs measure longer: few frames per second
@@ -600,6 +604,14 @@ def defaults(m: Machine) -> Series:
     return series(m)
 
 
+def sample_factory(m: Machine) -> Series:
+    """Sample Factory's sampler beside rlcollect, same Pong, same network, same run
+    (``benchmarks/suite/sf_series.py``, issue 59)."""
+    from benchmarks.suite.sf_series import series
+
+    return series(m)
+
+
 SERIES = {
     "peers": peers,
     "pixels": pixels,
@@ -609,6 +621,7 @@ SERIES = {
     "vector_throughput": vector_throughput,
     "vector_layouts": vector_layouts,
     "defaults": defaults,
+    "sample_factory": sample_factory,
 }
 
 

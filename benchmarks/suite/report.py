@@ -27,8 +27,9 @@ PUBLISHED_CHUNK_MS = (0.226, 0.037)  # TorchRL AsyncBatchedCollector, chunk 1 ->
 PUBLISHED_ASYNC_FPS = {2: 85.2, 16: 53.1}  # DreamerV3 async, 8 envs, inference batch 1
 COMMANDS = {
     "cpu": "`make bench`",  # = python -m benchmarks cpu && python -m benchmarks report
-    "gpu": "`python -m benchmarks gpu --part 1|2|3|4|5|6|7 --peers-path .peers`, one device "
-    "call per part (`--resume` continues a part cut short by its deadline)",
+    "gpu": "`python -m benchmarks gpu --part 1|2|3|4|5|6|7|8 --peers-path .peers "
+    "--sf-python .peers-sf/bin/python`, one device call per part (`--resume` continues a "
+    "part cut short by its deadline)",
     "cpu_busy": "`python -m benchmarks cpu --series defaults --busy 2`",
 }
 
@@ -59,6 +60,12 @@ AGAINST_THE_ENVS = (
         "The defaults against the best documented layout and the plain loops",
         "No layout arguments, the documented layout, the loops",
         "defaults",
+    ),
+    (
+        "sample_factory",
+        "Sample Factory's sampler beside rlcollect",
+        "Sample Factory's sampler and rlcollect against the envs' own speed",
+        "sample factory",
     ),
 )
 
@@ -165,6 +172,8 @@ def _execution_note(config: dict[str, Any], result: list[dict[str, Any]]) -> str
             notes.append("server in its own process")
     if config["kind"] in ("atari_vector", "envpool_loop") and ok:
         notes.append(f"C++ envs, batch {ok[0]['batch_size']}, {ok[0]['env_threads']} threads")
+    if config["kind"] == "sample_factory":
+        notes.append(f"rollout {config['rollout']}, inference in its own process")
     if config["kind"] == "env_only":
         notes.append("random actions, no policy")
     startup = [r["startup_seconds"] for r in ok if "startup_seconds" in r]

@@ -7,7 +7,8 @@ shared machine hits every run alike, and ratios are computed between runs of the
 rewritten after every repeat, so a run cut short keeps what it measured
 (``complete: false``). A run that fails is recorded with its error and left out of the
 summaries; TorchRL runs are skipped with the reason when the peer install is missing,
-and EnvPool runs where EnvPool does not import.
+EnvPool runs where EnvPool does not import, and Sample Factory runs where its virtual
+environment (``--sf-python``) is missing: they run under that interpreter.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ KINDS = {
     "defaults_collector": "benchmarks.suite.defaults:run_collector",
     "plain_loop": "benchmarks.suite.defaults:run_loop",
     "ppo": "benchmarks.suite.defaults:run_ppo",
+    "sample_factory": "benchmarks.suite.sf_peer:run_sample_factory",
 }
 METRICS = (
     "frames_per_second",
@@ -56,6 +58,7 @@ METRICS = (
 )
 _BUSY_NOTE = "Measured beside {} CPU-busy processes (`--busy`), every run alike."
 PEER_VERSION = "0.14."  # torchrl and tensordict releases the peer series is written for
+SF_VERSION = "2.1.1"  # the Sample Factory release benchmarks/suite/sf_peer.py is written for
 
 
 def child(config_json: str) -> None:
@@ -68,6 +71,11 @@ def child(config_json: str) -> None:
 
 def _child_env(config: dict[str, Any], peers_path: str | None) -> dict[str, str]:
     env = dict(os.environ)
+    if config["kind"] == "sample_factory":
+        # Its own interpreter and packages: nothing of rlcollect's path (its src/ in a
+        # development checkout) may shadow them.
+        env.pop("PYTHONPATH", None)
+        return env
     if config["kind"] == "torchrl" and peers_path:
         # First on the path: its tensordict 0.14 shadows rlcollect's, in this child only.
         env["PYTHONPATH"] = os.pathsep.join(
@@ -95,6 +103,39 @@ def peers_problem(peers_path: str | None) -> str | None:
     versions = done.stdout.split()
     if not all(v.startswith(PEER_VERSION) for v in versions):
         return f"torchrl/tensordict {versions} found, the peer series needs {PEER_VERSION}x"
+    return None
+
+
+def sf_problem(sf_python: str | None) -> str | None:
+    """Why Sample Factory's runs cannot run under ``sf_python`` (the interpreter of its
+    virtual environment), or None when they can."""
+    if not sf_python:
+        return (
+            "sample-factory is not installed: no --sf-python given and no .peers-sf "
+            "(make peers-sf builds it)"
+        )
+    if not Path(sf_python).is_file():
+        return f"--sf-python {sf_python} is not a file (make peers-sf builds .peers-sf)"
+    probe = (
+        "import ale_py, gymnasium, sample_factory; from importlib.metadata import version; "
+        "print(version('sample-factory'))"
+    )
+    try:
+        done = subprocess.run(
+            [sf_python, "-c", probe],
+            cwd=ROOT,
+            env=_child_env({"kind": "sample_factory"}, None),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except OSError as exc:
+        return f"--sf-python {sf_python} does not run: {exc}"
+    if done.returncode != 0:
+        return f"sample_factory does not import under {sf_python}: {done.stderr.strip()[-300:]}"
+    found = done.stdout.strip().splitlines()[-1:] or ["nothing"]
+    if found[0] != SF_VERSION:
+        return f"sample-factory {found[0]} found, the series needs {SF_VERSION}"
     return None
 
 
@@ -127,15 +168,20 @@ def _children_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def fresh(config: dict[str, Any], peers_path: str | None, timeout: float) -> dict[str, Any]:
-    """Run ``config`` in a fresh process; its result, or ``{"error": ...}``.
+def fresh(
+    config: dict[str, Any], peers_path: str | None, timeout: float, sf_python: str | None = None
+) -> dict[str, Any]:
+    """Run ``config`` in a fresh process; its result, or ``{"error": ...}``. Sample
+    Factory's runs (``kind`` "sample_factory") run under ``sf_python``, the others under
+    this interpreter.
 
     Also records how much of the machine other work took meanwhile: the machine's busy
     CPU time over the run minus the run's own (the child and every descendant it
     reaped), as a share of the run's wall time on all CPUs. On a shared machine that
     share says how far to trust the figure.
     """
-    cmd = [sys.executable, "-m", "benchmarks", "child", json.dumps(config)]
+    python = sf_python if config["kind"] == "sample_factory" and sf_python else sys.executable
+    cmd = [python, "-m", "benchmarks", "child", json.dumps(config)]
     load = os.getloadavg()[0]
     busy0, own0 = _machine_busy_seconds(), _children_seconds()
     started = time.perf_counter()
@@ -218,6 +264,7 @@ def run_series(
     resume: Path | None = None,
     busy: int = 0,
     stop_at: float | None = None,
+    sf_python: str | None = None,
 ) -> Path:
     """Measure ``series`` and write ``out_dir / <name>.json``; returns its path.
 
@@ -228,7 +275,8 @@ def run_series(
     ``stop_at`` (a ``time.monotonic()`` time): no run may end after it. A run starts only
     where it is expected to end before it (its own duration in the previous repeat; in
     the first, the longest run so far) and is killed there, so the JSON is written in
-    time (the one-call GPU check, ``benchmarks/check.py``).
+    time (the one-call GPU check, ``benchmarks/check.py``). ``sf_python``: the
+    interpreter of Sample Factory's virtual environment, for its runs.
     """
     skipped: dict[str, str] = {}
     configs = dict(series.runs)
@@ -236,6 +284,12 @@ def run_series(
         problem = peers_problem(peers_path)
         if problem:
             for name in [n for n, c in configs.items() if c["kind"] == "torchrl"]:
+                skipped[name] = problem
+                del configs[name]
+    if any(c["kind"] == "sample_factory" for c in configs.values()):
+        problem = sf_problem(sf_python)
+        if problem:
+            for name in [n for n, c in configs.items() if c["kind"] == "sample_factory"]:
                 skipped[name] = problem
                 del configs[name]
     if any(needs_envpool(c) for c in configs.values()):
@@ -280,7 +334,7 @@ def run_series(
                     complete = False
                     break
                 timeout = min(timeout, left)
-            result = fresh(config, peers_path, timeout)
+            result = fresh(config, peers_path, timeout, sf_python)
             runs[name].append(result)
             shown = result.get("error") or f"{result['frames_per_second']:,.0f} frames/s"
             tqdm.write(
