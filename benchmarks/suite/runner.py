@@ -3,12 +3,13 @@
 Each run is ``python -m benchmarks child CONFIG`` in the repository root; the child
 prints its result as one marked JSON line. Repeat r of every run of a series happens
 before repeat r + 1 of any (every other repeat in the reverse order), so slow drift of a
-shared machine hits every run alike, and ratios are computed between runs of the same repeat, then summarised. The JSON is
-rewritten after every repeat, so a run cut short keeps what it measured
-(``complete: false``). A run that fails is recorded with its error and left out of the
-summaries; TorchRL runs are skipped with the reason when the peer install is missing,
-EnvPool runs where EnvPool does not import, and Sample Factory runs where its virtual
-environment (``--sf-python``) is missing: they run under that interpreter.
+shared machine hits every run alike, and ratios are computed between runs of the same
+repeat, then summarised. The JSON is rewritten after every repeat, so a run cut short
+keeps what it measured (``complete: false``). A run that fails is recorded with its
+error and left out of the summaries; TorchRL runs are skipped with the reason when the
+peer install is missing, EnvPool runs where EnvPool does not import, and Sample Factory
+runs where its virtual environment (``--sf-python``) is missing: they run under that
+interpreter.
 """
 
 from __future__ import annotations
