@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import wait_until
+
 from benchmarks import check
 from benchmarks.check_summary import render
 from benchmarks.suite import plans
@@ -39,7 +41,8 @@ def test_a_part_past_its_budget_is_cut_with_its_whole_process_group(tmp_path):
     text = log.read_text()
     assert "== cut at its budget of 6 s" in text, text
     pid = int(next(line for line in text.splitlines() if line.startswith("child-pid ")).split()[1])
-    assert not _running(pid), f"the part's child {pid} outlived the cut"
+    # SIGKILL is delivered, not done, when killpg returns: the child ends in its time
+    wait_until(lambda: not _running(pid), timeout=30, what=f"the part's child {pid} to end")
 
 
 def test_a_part_that_ends_reports_its_exit_status(tmp_path):

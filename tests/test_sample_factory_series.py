@@ -87,17 +87,22 @@ def test_the_env_rebuilt_for_sample_factory_is_the_suites_pong():
         rebuilt.close()
 
 
-def test_without_its_virtual_environment_the_sample_factory_runs_are_skipped(tmp_path):
+def _one_repeat(out_dir, sf_python):
+    """The quick Sample Factory run, once, under ``sf_python``: the series' JSON."""
     path = run_series(
         _sf_only(_quick_sf_run()),
         suite="cpu",
         repeats=1,
-        out_dir=tmp_path,
+        out_dir=out_dir,
         peers_path=None,
         deadline=None,
-        sf_python=None,
+        sf_python=sf_python,
     )
-    doc = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def test_without_its_virtual_environment_the_sample_factory_runs_are_skipped(tmp_path):
+    doc = _one_repeat(tmp_path, None)
     (reason,) = doc["skipped"].values()
     assert "no --sf-python given" in reason and "make peers-sf" in reason
     assert doc["runs"] == {}
@@ -112,16 +117,7 @@ def test_an_interpreter_without_sample_factory_is_named_in_the_reason(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not SF_PYTHON.is_file(), reason="no .peers-sf (make peers-sf builds it)")
 def test_the_sample_factory_run_measures_frames_under_its_own_interpreter(tmp_path):
-    path = run_series(
-        _sf_only(_quick_sf_run()),
-        suite="cpu",
-        repeats=1,
-        out_dir=tmp_path,
-        peers_path=None,
-        deadline=None,
-        sf_python=str(SF_PYTHON),
-    )
-    doc = json.loads(path.read_text())
+    doc = _one_repeat(tmp_path, str(SF_PYTHON))
     assert doc["skipped"] == {}
     ((result,),) = doc["runs"].values()
     assert "error" not in result, result

@@ -77,9 +77,9 @@ def series(m: Machine) -> Series:
     ours(best, best_n, epw, splits, "process")
     ours('envs_per_worker="auto", worker_splits="auto"', most, "auto", "auto", "thread")
     layouts = [(n, n, 1), (n, n // 2, 2), (most, _divisor_at_most(most // 2, cores), 2)]
-    if m.quick:  # one of each kind: the smoke test's budget
+    if m.quick:  # Sample Factory's own run once: the other series run rlcollect's
         layouts = layouts[1:2]
-        runs = {k: v for k, v in runs.items() if not k.startswith("rlcollect") or "defaults" in k}
+        runs = {env_only: runs[env_only]}
     sf_runs = [sf_config(m, *layout) for layout in layouts]
     runs.update((sf_name(c), c) for c in sf_runs)
     mine = [r for r in runs if r.startswith("rlcollect")]

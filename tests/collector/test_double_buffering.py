@@ -97,6 +97,9 @@ def cartpole_streams(**kwargs):
         total_frames=2000,
         policy_device="cpu",
         seed=3,
+        # the server, as written: each batch answers every env that waits, where worker
+        # threads that run the policy themselves may leave one env behind when busy
+        inference_backend="thread",
         **kwargs,
     ) as c:
         return streams(collect(c))
