@@ -69,6 +69,9 @@ def test_the_callers_stream_goes_on_as_if_the_server_drew_nothing():
         frames_per_batch=64,
         total_frames=512,
         transport="thread",
+        # the server, whose pause holds its forwards: a worker thread running the policy
+        # itself may still forward inside the pause (docs/reproducibility.md)
+        inference_backend="thread",
         envs_per_worker=4,
         policy_device="cpu",
     ) as c:
