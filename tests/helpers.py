@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -635,3 +639,24 @@ class StuckPolicy(CountingPolicy):
                 STUCK.set()
                 RELEASE_STUCK.wait(300)
         return super().forward(obs)
+
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def start_driver(template: str, **values: str) -> subprocess.Popen[str]:
+    """A driver script in a Python process of its own, its output piped as text:
+    ``template`` formatted with ``tests`` (this folder, for its imports) and ``values``."""
+    script = template.format(tests=TESTS, **values)
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def interrupt(driver: subprocess.Popen[str]) -> None:
+    """Ctrl-C to a driver from :func:`start_driver`: it must end with KeyboardInterrupt
+    (bounded: 60 s; the caller kills it in any case)."""
+    os.kill(driver.pid, signal.SIGINT)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode != 0
+    assert "KeyboardInterrupt" in err, err[-2000:]

@@ -83,9 +83,7 @@ def run_atari_vector(config: dict[str, Any]) -> dict[str, Any]:
         finally:
             envs.close()
 
-    result = _measured(steps(), config)
-    result.update(batch_size=batch, env_threads=threads)
-    return result
+    return _measured(steps(), config, batch_size=batch, env_threads=threads)
 
 
 def _acting_step(config: dict[str, Any], batch: int) -> FixedBatchStep:
@@ -115,13 +113,14 @@ def run_envpool(config: dict[str, Any]) -> dict[str, Any]:
         finally:
             envs.close()
 
-    result = _measured(steps(), config)
-    result.update(batch_size=batch, env_threads=threads)
-    return result
+    return _measured(steps(), config, batch_size=batch, env_threads=threads)
 
 
-def _measured(steps: Iterator[int], config: dict[str, Any]) -> dict[str, Any]:
+def _measured(steps: Iterator[int], config: dict[str, Any], **recorded: Any) -> dict[str, Any]:
+    """The loop's figures over the config's windows, with ``recorded`` (its layout)."""
     try:
-        return measure(steps, config["warmup_s"], config["measure_s"])
+        result = measure(steps, config["warmup_s"], config["measure_s"])
     finally:
         steps.close()
+    result.update(recorded)
+    return result

@@ -20,8 +20,10 @@ from helpers import (
     collect,
     counting_collector,
     counting_envs,
+    interrupt,
     process_gone,
     shm_exists,
+    start_driver,
     streams,
     wait_until,
     with_server_layout,
@@ -439,12 +441,8 @@ def test_ctrl_c_in_the_driver_leaves_nothing_behind():
     import os
     import signal
     import subprocess
-    from pathlib import Path
 
-    script = CTRL_C_DRIVER.format(tests=str(Path(__file__).resolve().parents[1]))
-    driver = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    driver = start_driver(CTRL_C_DRIVER)
     try:
         name, *pids = driver.stdout.readline().split()
         assert pids, driver.stderr.read()
@@ -515,29 +513,18 @@ def segments_of(pids):
 def test_ctrl_c_while_the_inference_process_starts_leaves_nothing_behind(tmp_path):
     """Ctrl-C while the driver waits for the inference process (its policy is being
     built there): KeyboardInterrupt, and no process or segment is left."""
-    import os
-    import signal
-    import subprocess
-    from pathlib import Path
 
     marker = tmp_path / "building"
-    tests = str(Path(__file__).resolve().parents[1])
-    script = CTRL_C_AT_START_DRIVER.format(tests=tests, marker=str(marker))
-    driver = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    driver = start_driver(CTRL_C_AT_START_DRIVER, marker=str(marker))
     try:
         wait_until(marker.exists, timeout=120, what="the inference process to build its policy")
         kids = children(driver.pid)
         names = segments_of(kids)
         assert len(kids) == 3, kids  # two workers and the inference process
         assert names, "no segment mapped"
-        os.kill(driver.pid, signal.SIGINT)
-        _, err = driver.communicate(timeout=60)
+        interrupt(driver)
     finally:
         driver.kill()
-    assert driver.returncode != 0
-    assert "KeyboardInterrupt" in err, err[-2000:]
     wait_until(lambda: all(process_gone(p) for p in kids), what="the driver's children")
     assert [n for n in names if shm_exists(n)] == []
 
