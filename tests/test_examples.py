@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -73,7 +74,11 @@ def test_custom_transport():
 
     out = run("examples/custom_transport.py", "--frames", "1024", "--envs", "2")
     assert f"conformance: all {len(CHECKS)} checks passed" in out, out
-    assert "collected 1024 frames in 2 batches from envs [0, 1]" in out, out
+    # Which envs fill the two batches is the scheduler's business: a worker that starts
+    # late on a busy machine may contribute nothing before 1,024 frames are in.
+    found = re.search(r"collected 1024 frames in 2 batches from envs \[([0-9, ]+)\]", out)
+    assert found, out
+    assert {int(i) for i in found.group(1).split(",")} <= {0, 1}, out
 
 
 def test_ray_collect():
