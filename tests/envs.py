@@ -173,6 +173,17 @@ class TrustingEnv(CountingEnv):
         self.action_space = _Lenient(5)
 
 
+class PicksActionTypes(CountingEnv):
+    """A CountingEnv that raises unless an action reaches it as a numpy int64 (the
+    dtype of the batch's discrete actions), as gymnasium's vector envs pass each env
+    its element of the action array."""
+
+    def step(self, action):
+        if type(action) is not np.int64:
+            raise TypeError(f"got an action of type {type(action).__name__}, not numpy.int64")
+        return super().step(action)
+
+
 def trusting_vector(first=0):
     """A SyncVectorEnv of two TrustingEnvs."""
     import functools

@@ -13,6 +13,7 @@ from envs import (
     FarObservationLater,
     NoneRewardLater,
     OtherActions,
+    PicksActionTypes,
     TrustingEnv,
     WrongShape,
     cartpole,
@@ -353,6 +354,18 @@ def test_an_action_outside_the_action_space_never_reaches_the_env(transport, bac
         for batch in c:
             assert (batch["next", "observation"][:, 3] < 5).all(), "the env got the action"
     assert "the action check" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("transport", "backend"),
+    [("thread", "thread"), ("process_slots", "thread"), ("thread", "worker")],
+)
+def test_a_discrete_action_reaches_the_env_as_a_numpy_int64(transport, backend):
+    fns = [functools.partial(PicksActionTypes, i) for i in range(2)]
+    c = build(env_fns=fns, transport=transport, inference_backend=backend, total_frames=64)
+    with c:
+        rows = sum(batch.numel() for batch in c)
+    assert rows == 64  # every step took its action as given (the env raises otherwise)
 
 
 def _vector_env_with(**attributes):
