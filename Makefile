@@ -13,7 +13,7 @@ NO_RAY := WARNING: ray could not be installed: the RayCollector tests will be sk
 # EnvPool (the extra rlcollect[envpool]) likewise, for tests/collector/test_envpool.py.
 NO_ENVPOOL := WARNING: envpool could not be installed: the EnvPool tests will be skipped
 
-.PHONY: demo test test-busy lint typecheck unit docs bench-cpu bench peers-sf clean
+.PHONY: demo test test-busy test-lab lint typecheck unit docs bench-cpu bench peers-sf clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -61,8 +61,13 @@ typecheck: $(STAMP)
 # runs one test at a time, so a test that counts its process's fds or threads still sees
 # only its own. worksteal: an idle worker takes tests queued for a busy one (the tests'
 # durations range from milliseconds to a minute).
+# The benchmark lab's scripts run end to end in test-lab only (about 140 s of worker time
+# on 2 cores); make test imports each of them (test_every_lab_script_imports).
 unit: $(STAMP)
-	$(PY) -m pytest -n auto --dist worksteal
+	$(PY) -m pytest -n auto --dist worksteal -m "not lab"
+
+test-lab: $(STAMP)
+	$(PY) -m pytest -n auto --dist worksteal -m lab tests/test_examples.py
 
 # The site, into site/ (git-ignored). --strict turns every warning into a failure: a
 # broken link, a docstring cross-reference to a name the API reference does not show,

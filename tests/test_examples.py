@@ -47,6 +47,7 @@ def test_quickstart():
     assert (out + done.stderr).count("A.L.E: Arcade Learning Environment") <= 1, done.stderr
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_cpu_collection_benchmark(tmp_path):
     out_file = tmp_path / "cpu.json"
@@ -230,6 +231,7 @@ def test_frame_replay_benchmark(tmp_path):
     assert "| 256 | frame_stack |" in out
 
 
+@pytest.mark.lab
 def test_startup_benchmark(tmp_path):
     out = run("benchmarks/startup.py", "--envs", "2", "--out", str(tmp_path))
     result = json.loads((tmp_path / "startup.json").read_text())
@@ -239,6 +241,7 @@ def test_startup_benchmark(tmp_path):
     assert "| 2 |" in out
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_vector_startup_benchmark(tmp_path):
     out_file = tmp_path / "vector_startup.json"
@@ -250,6 +253,7 @@ def test_vector_startup_benchmark(tmp_path):
     assert "| this |" in out
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_atari_throughput_benchmark(tmp_path):
     out = run(
@@ -273,6 +277,24 @@ def test_atari_throughput_benchmark(tmp_path):
         assert rows[series]["ratio_to_env_only_median"] > 0
     assert result["repeats_done"] == 1
     assert "| `rlcollect[thread-1w]` |" in out
+
+
+# The lab's scripts (benchmarks/*.py beside the suite) run end to end in the tests marked
+# lab (make test-lab), outside make test for its time; here each is imported, so that a
+# renamed or removed name it uses fails make test all the same.
+LAB_SCRIPTS = sorted(
+    p for p in (ROOT / "benchmarks").glob("*.py") if p.name not in ("__init__.py", "__main__.py")
+)
+
+
+def test_every_lab_script_imports():
+    paths = [str(p) for p in LAB_SCRIPTS]
+    code = "import runpy, sys\nfor p in sys.argv[1:]:\n    runpy.run_path(p, run_name='lab')"
+    done = subprocess.run(
+        [sys.executable, "-c", code, *paths], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(paths) >= 19, paths  # every script of the lab, none lost to the glob
 
 
 def test_atari_throughput_series_can_leave_out_either_worker_kind():
@@ -322,6 +344,7 @@ def test_inference_latency_benchmark_latency_only(tmp_path):
     assert result["collection"] == {}
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_worker_splits_benchmark(tmp_path):
     out_file = tmp_path / "splits.json"
@@ -334,6 +357,7 @@ def test_worker_splits_benchmark(tmp_path):
     assert rows["envs_per_worker=4,worker_splits=2"]["fps_median"] > 0
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_cheap_envs_benchmark(tmp_path):
     out_file = tmp_path / "cheap.json"
@@ -350,6 +374,7 @@ def test_cheap_envs_benchmark(tmp_path):
     assert (tmp_path / "cheap.png").stat().st_size > 0
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_tuning_sweep_quick(tmp_path):
     # Two points of two series in fresh processes, tiny windows: the sweep's JSON as the
@@ -489,6 +514,7 @@ def test_ppo_cartpole_overlap(tmp_path):
     assert (tmp_path / "ppo_cartpole_overlap.png").stat().st_size > 0
 
 
+@pytest.mark.lab
 def test_staleness_benchmark(tmp_path):
     out = run("benchmarks/staleness.py", "--batches", "4", "--envs", "2", "--out", str(tmp_path))
     result = json.loads((tmp_path / "staleness.json").read_text())
