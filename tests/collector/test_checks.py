@@ -13,12 +13,14 @@ from rlcollect.collector.checks import (
     available_memory,
     cgroup_cpu_quota,
     check_batch_memory,
+    chunk_steps_of,
     cpu_sample,
     envs_per_worker_of,
     free_cores,
     usable_cores,
 )
 from rlcollect.transports.layout import Field
+from rlcollect.worker.source import Source
 
 
 @pytest.mark.parametrize(
@@ -40,6 +42,29 @@ from rlcollect.transports.layout import Field
 )
 def test_auto_leaves_about_one_worker_per_core(factories, cores, expected):
     assert envs_per_worker_of("auto", factories, cores) == expected
+
+
+PLAIN = Source(observation_space=None, action_space=None)
+
+
+@pytest.mark.parametrize(
+    ("fpb", "threads", "step_bytes", "expected"),
+    [
+        (1024, False, 96, 64),  # worker processes: at most 64 steps a chunk
+        (64, False, 96, 16),  # fewer where the batch is smaller
+        (1024, True, 96, 256),  # worker threads: the batch's steps in one chunk
+        (1 << 20, True, 96, (8 << 20) // (4 * 96)),  # ... up to 8 MiB a chunk
+        (1 << 20, True, 1 << 20, 64),  # large observations: never below 64
+        (8, True, 96, 2),
+    ],
+)
+def test_auto_chunks_are_larger_where_the_workers_are_threads(fpb, threads, step_bytes, expected):
+    steps = chunk_steps_of("auto", fpb, 4, 4, PLAIN, threads=threads, step_bytes=step_bytes)
+    assert steps == expected
+
+
+def test_a_given_chunk_size_is_kept_whatever_the_workers():
+    assert chunk_steps_of(8, 1024, 4, 4, PLAIN, threads=True, step_bytes=96) == 2
 
 
 def test_an_int_is_checked_and_kept():

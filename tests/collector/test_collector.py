@@ -48,6 +48,19 @@ def test_batches_are_exact_and_total_is_exact(transport):
     assert sizes == [37] * 13 + [500 - 37 * 13]
 
 
+@pytest.mark.parametrize(("transport", "steps"), [("thread", 256), ("process_slots", 64)])
+def test_worker_threads_hand_over_a_batch_in_one_chunk(transport, steps):
+    # Each hand-over between a worker thread and the consumer's thread passes the
+    # interpreter lock, so "auto" gives a worker thread the batch's 256 steps of each
+    # env in one chunk; worker processes keep chunks of at most 64 steps.
+    layout = {"inference_backend": "worker", "envs_per_worker": 4}
+    with make(transport, frames_per_batch=1024, total_frames=3072, **layout) as c:
+        assert c.transition_chunk_size == steps * 4
+        data = collect(c)
+    assert data.batch_size[0] == 3072
+    check_counting_streams(data)
+
+
 def test_batch_keys_shapes_and_dtypes(transport):
     with make(transport, total_frames=64) as c:
         batch = next(iter(c))

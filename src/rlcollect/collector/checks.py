@@ -69,6 +69,11 @@ _TRANSPORTS: dict[str, Callable[[], Transport]] = {
     "process_slots": ProcessSlotTransport,
 }
 _AUTO_CHUNK_CAP = 64  # steps per env and chunk beyond which per-message cost is noise
+# Where the workers are threads of this process a message costs more than its own time:
+# the consumer's thread wakes for it and takes the interpreter lock from the worker, and
+# beside busy programs each such hand-over waits for a scheduler's turn. A chunk there
+# holds the whole batch's steps, up to this many bytes (docs/decisions/chunk-size.md).
+_THREAD_CHUNK_BYTES = 8 << 20
 
 
 def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -325,11 +330,27 @@ def throttle_of(
 
 
 def chunk_steps_of(
-    chunk: int | str, fpb: int, num_envs: int, envs_per_worker: int, source: Source
+    chunk: int | str,
+    fpb: int,
+    num_envs: int,
+    envs_per_worker: int,
+    source: Source,
+    *,
+    threads: bool = False,
+    step_bytes: int = 0,
 ) -> int:
-    """Steps of each env per chunk, from ``transition_chunk_size`` (transitions)."""
+    """Steps of each env per chunk, from ``transition_chunk_size`` (transitions).
+
+    ``"auto"``: ``fpb // num_envs``, at most 64; where the workers are threads of this
+    process (``threads``), at most what keeps a chunk within ``_THREAD_CHUNK_BYTES`` at
+    ``step_bytes`` per env step, and never fewer than 64."""
     if chunk == "auto":
-        return max(1, min(_AUTO_CHUNK_CAP, fpb // num_envs))
+        steps = max(1, fpb // num_envs)
+        cap = _AUTO_CHUNK_CAP
+        if threads:
+            worker_envs = envs_per_worker * source.envs
+            cap = max(cap, _THREAD_CHUNK_BYTES // max(1, worker_envs * step_bytes))
+        return min(cap, steps)
     chunk = transition_chunk_size_of(chunk)
     assert isinstance(chunk, int)
     worker_envs = envs_per_worker * source.envs

@@ -106,7 +106,7 @@ class AsyncBatchedCollector(CollectorFacade):
             ``"auto"``.
         transition_chunk_size: transitions per worker message, a multiple of the envs
             a worker steps, or ``"auto"`` (``frames_per_batch // num_envs`` steps of each
-            env, 1 to 64).
+            env, 1 to 64; no more than 8 MiB a chunk where the workers are threads).
         max_batch_size: most observations per policy call (default: every env).
         min_batch_size: observations the server waits for before a call ...
         batch_timeout: ... but never longer than this many seconds (finite).

@@ -176,7 +176,7 @@ def _plan(
     splits = choice.worker_splits
     num_envs = len(fns) * source.envs
     columns = args.envs_per_worker * source.envs
-    chunk_steps = _chunk_steps(o, args, source, num_envs, columns)
+    chunk_steps = _chunk_steps(o, args, source, num_envs, choice.figures.observation_bytes)
     recurrent = probed.runner.initial_state is not None
     num_workers = len(fns) // args.envs_per_worker
     delivery = choose_delivery(
@@ -413,8 +413,11 @@ def _resolve(
     )
 
 
-def _chunk_steps(o: Options, args: _Arguments, source: Source, num_envs: int, columns: int) -> int:
+def _chunk_steps(
+    o: Options, args: _Arguments, source: Source, num_envs: int, observation_bytes: int
+) -> int:
     """Steps of each env per chunk (a round's ``T`` on-policy)."""
+    columns = args.envs_per_worker * source.envs
     if o.on_policy:
         return checks.on_policy_steps(
             frames_per_batch=o.frames_per_batch,
@@ -426,7 +429,15 @@ def _chunk_steps(o: Options, args: _Arguments, source: Source, num_envs: int, co
             max_worker_restarts=o.max_worker_restarts,
         )
     return checks.chunk_steps_of(
-        o.transition_chunk_size, o.frames_per_batch, num_envs, args.envs_per_worker, source
+        o.transition_chunk_size,
+        o.frames_per_batch,
+        num_envs,
+        args.envs_per_worker,
+        source,
+        # workers in this process (threads): fewer, larger chunks (checks.chunk_steps_of)
+        threads=not args.transport.pickles_programs,
+        # what a step writes: its observation twice (this and the next), the rest small
+        step_bytes=2 * observation_bytes + 64,
     )
 
 
