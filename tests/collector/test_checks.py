@@ -63,6 +63,13 @@ def test_auto_chunks_are_larger_where_the_workers_are_threads(fpb, threads, step
     assert steps == expected
 
 
+def test_an_auto_chunk_holds_no_more_steps_than_the_run():
+    # 100 frames of 4 envs: 25 steps each, not a 1024-frame batch's 256
+    assert chunk_steps_of("auto", 1024, 4, 4, PLAIN, total_frames=100, threads=True) == 25
+    assert chunk_steps_of("auto", 1024, 4, 4, PLAIN, total_frames=100) == 25
+    assert chunk_steps_of("auto", 1024, 4, 4, PLAIN, total_frames=10**6, threads=True) == 256
+
+
 def test_a_given_chunk_size_is_kept_whatever_the_workers():
     assert chunk_steps_of(8, 1024, 4, 4, PLAIN, threads=True, step_bytes=96) == 2
 

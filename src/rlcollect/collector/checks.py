@@ -336,16 +336,20 @@ def chunk_steps_of(
     envs_per_worker: int,
     source: Source,
     *,
+    total_frames: int = -1,
     threads: bool = False,
     step_bytes: int = 0,
 ) -> int:
     """Steps of each env per chunk, from ``transition_chunk_size`` (transitions).
 
-    ``"auto"``: ``fpb // num_envs``, at most 64; where the workers are threads of this
-    process (``threads``), at most what keeps a chunk within ``_THREAD_CHUNK_BYTES`` at
-    ``step_bytes`` per env step, and never fewer than 64."""
+    ``"auto"``: a batch's steps of each env (``fpb // num_envs``, or ``total_frames``'s
+    where it is fewer), at most 64; where the workers are threads of this process
+    (``threads``), at most what keeps a chunk within ``_THREAD_CHUNK_BYTES`` at
+    ``step_bytes`` per env step, a cap never below 64."""
     if chunk == "auto":
-        steps = max(1, fpb // num_envs)
+        # no env steps past the run's end to fill a chunk (total_frames -1: endless)
+        batch = fpb if total_frames < 0 else min(fpb, total_frames)
+        steps = max(1, batch // num_envs)
         cap = _AUTO_CHUNK_CAP
         if threads:
             worker_envs = envs_per_worker * source.envs

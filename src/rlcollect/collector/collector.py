@@ -105,8 +105,9 @@ class AsyncBatchedCollector(CollectorFacade):
             ``envs_per_worker``; None: 1 (with vector envs: ``envs_per_worker``);
             ``"auto"``.
         transition_chunk_size: transitions per worker message, a multiple of the envs
-            a worker steps, or ``"auto"`` (``frames_per_batch // num_envs`` steps of each
-            env, 1 to 64; no more than 8 MiB a chunk where the workers are threads).
+            a worker steps, or ``"auto"`` (a batch's steps of each env, ``frames_per_batch
+            // num_envs`` or fewer where ``total_frames`` is smaller, 1 to 64; up to 8 MiB
+            a chunk where the workers are threads).
         max_batch_size: most observations per policy call (default: every env).
         min_batch_size: observations the server waits for before a call ...
         batch_timeout: ... but never longer than this many seconds (finite).

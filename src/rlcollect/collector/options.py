@@ -150,8 +150,8 @@ class Options:
     transition_chunk_size: int | str = _option(
         "auto",
         "transitions per worker message, a multiple of the envs a worker steps; "
-        '`"auto"`: `frames_per_batch // num_envs` steps of each env, 1 to 64 (worker '
-        "threads: up to 8 MiB a chunk)",
+        '`"auto"`: a batch\'s steps of each env (`frames_per_batch // num_envs`, fewer where '
+        "`total_frames` is smaller), 1 to 64 (worker threads: up to 8 MiB a chunk)",
         check=values.transition_chunk_size_of,
     )
     max_batch_size: int | None = _option(

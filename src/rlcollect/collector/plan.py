@@ -434,6 +434,7 @@ def _chunk_steps(
         num_envs,
         args.envs_per_worker,
         source,
+        total_frames=o.total_frames,
         # workers in this process (threads): fewer, larger chunks (checks.chunk_steps_of)
         threads=not args.transport.pickles_programs,
         # what a step writes: its observation twice (this and the next), the rest small
