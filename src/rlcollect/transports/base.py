@@ -371,6 +371,9 @@ class Transport(ABC):
     supports_restart: ClassVar[bool] = False
     #: Whether workers run in other processes, so programs (env factories included)
     #: travel pickled: the collector then checks every env factory with cloudpickle first.
+    #: Where false the workers are threads of the collector's process, and
+    #: ``transition_chunk_size="auto"`` gives them a batch's steps a chunk (up to 8 MiB):
+    #: each message passes the interpreter lock between threads.
     pickles_programs: ClassVar[bool] = False
     #: Whether :meth:`request_channel` is implemented (``inference_backend="process"``
     #: needs it).
