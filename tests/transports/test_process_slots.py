@@ -17,10 +17,10 @@ from helpers import CountingPolicy, process_gone, shm_exists, wait_until
 from programs import PaddedProgram
 
 from rlcollect import AsyncBatchedCollector
-from rlcollect.errors import CollectorError, WorkerError
+from rlcollect.errors import ChannelClosed, CollectorError, WorkerError
 from rlcollect.testing import counting_layout, counting_programs
 from rlcollect.testing._checks import _handed, _mark_slots
-from rlcollect.transports import ProcessSlotTransport
+from rlcollect.transports import ProcessSlotTransport, process_server
 
 
 def start(num_workers=2):
@@ -70,6 +70,61 @@ def test_worker_killed_with_sigkill_is_reported():
         assert info.value.worker_index == 1
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("wait", ["wait_requests", "wait_chunks"])
+def test_close_leaves_the_fds_of_a_wait_under_way_open_until_it_returns(monkeypatch, wait):
+    """A thread inside a wait when another closes the transport (a server thread that a
+    busy machine did not schedule, the collector's stop having timed out) reads open fds
+    and ends with ChannelClosed: close() frees them only once the wait has returned."""
+    monkeypatch.setattr(process_server, "_CLOSE_WAIT", 60.0)  # no bound reached here
+    t, end = start()
+    paused, resume, closing = threading.Event(), threading.Event(), threading.Event()
+    poll = process_server._read_requests if wait == "wait_requests" else end._wait_chunks
+
+    def descheduled(*args):  # inside the wait, before it reads
+        paused.set()
+        assert resume.wait(60)
+        return poll(*args)
+
+    if wait == "wait_requests":
+        monkeypatch.setattr(process_server, "_read_requests", descheduled)
+    else:
+        monkeypatch.setattr(end, "_wait_chunks", descheduled)
+    real_close_fds = end.close_fds
+
+    def close_fds():
+        closing.set()
+        real_close_fds()
+
+    monkeypatch.setattr(end, "close_fds", close_fds)
+    outcome = []
+
+    def waiter():
+        try:
+            getattr(end, wait)(0.05)
+            outcome.append("returned")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=waiter)
+    waiting.start()
+    closer = threading.Thread(target=t.close)
+    try:
+        assert paused.wait(60)
+        closer.start()
+        assert closing.wait(60)
+        closer.join(1.0)
+        # Still closing: its fds stay open while the wait is under way.
+        assert closer.is_alive(), "close() freed the fds of a wait still under way"
+    finally:
+        resume.set()
+        waiting.join(60)
+        if closer.ident is not None:
+            closer.join(60)
+        t.close()
+    assert not closer.is_alive() and not waiting.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], ChannelClosed), outcome
 
 
 def test_garbage_collected_transport_cleans_up():

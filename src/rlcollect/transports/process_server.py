@@ -17,7 +17,8 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ __all__ = ["CREDIT", "MAX_FIRST_CREDITS", "ProcessServerEnd", "ProcessSlotChanne
 
 _READ_BYTES = 1 << 16
 _REPORT_WAIT = 2.0  # seconds to read a dying worker's report and exit code
+_CLOSE_WAIT = 5.0  # seconds close_fds() waits for another thread's wait to return
 # Seconds between looks at the worker processes themselves. A worker's death normally
 # shows at once as end-of-file on its reports pipe, but not while another process holds
 # a copy of that pipe's write end (a process the env started, which inherited it).
@@ -97,6 +99,11 @@ class ProcessServerEnd(ServerEnd):
         # Guards the write ends that abort() closes against writes from other threads.
         self._lock = threading.Lock()
         self._aborted = False
+        # The waits under way (wait_requests, wait_chunks): close_fds() closes the fds
+        # they read only once none is left, so that a thread still inside one never reads
+        # a closed fd, nor one the process has since reused for something else.
+        self._waits = 0
+        self._no_waits = threading.Condition(self._lock)
         self._failure: WorkerError | None = None
         self._generations = Generations(layout.num_workers)
         self._look_at = time.monotonic() + _LIVENESS_EVERY
@@ -104,9 +111,8 @@ class ProcessServerEnd(ServerEnd):
     # inference thread ------------------------------------------------------------------
 
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
-        if self._aborted:
-            raise ChannelClosed("transport aborted")
-        tagged = _read_requests(self._requests_r, self._request_poll, self._wake_r, timeout)
+        with self._waiting():
+            tagged = _read_requests(self._requests_r, self._request_poll, self._wake_r, timeout)
         return self._generations.split(tagged)
 
     def respond(self, workers: Sequence[int]) -> None:
@@ -122,8 +128,10 @@ class ProcessServerEnd(ServerEnd):
     def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
         if self._failure is not None:
             raise self._failure
-        if self._aborted:
-            raise ChannelClosed("transport aborted")
+        with self._waiting():
+            return self._wait_chunks(timeout)
+
+    def _wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
         ready = self._chunk_poll.poll(_ms(timeout))
         if self._aborted:
             # Set before abort() closes the pipes that stop the workers: a worker that
@@ -220,6 +228,21 @@ class ProcessServerEnd(ServerEnd):
 
     # any thread ------------------------------------------------------------------------
 
+    @contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """A wait under way: refused once aborted, counted until it returns."""
+        with self._lock:
+            if self._aborted:
+                raise ChannelClosed("transport aborted")
+            self._waits += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waits -= 1
+                if not self._waits:
+                    self._no_waits.notify_all()
+
     def abort(self) -> None:
         with self._lock:
             if self._aborted:
@@ -239,7 +262,12 @@ class ProcessServerEnd(ServerEnd):
         self.close_fds()
 
     def close_fds(self) -> None:
-        """Close every remaining driver fd; only after abort() and with no waits running."""
+        """Close every remaining driver fd; only after abort(). A wait still under way in
+        another thread returns at once (abort() woke it), unless that thread is not
+        scheduled: its fds are closed once it has returned, or after ``_CLOSE_WAIT``
+        seconds (close never hangs)."""
+        with self._lock:
+            self._no_waits.wait_for(lambda: not self._waits, timeout=_CLOSE_WAIT)
         for fd in (self._requests_r, self._chunks_r, self._wake_r, self._wake_w, *self._reports_r):
             try:
                 os.close(fd)

@@ -67,7 +67,10 @@ The ring protocol (who writes what, in what order, why it is safe):
   byte before it closes anything, so a worker tells a stop from a death). A worker's
   death closes its end of ``reports[i]``, which wakes the driver's poll at once; the
   driver kills the worker's process group (whatever its envs started) before it reaps
-  it (``processes.reap``).
+  it (``processes.reap``). The driver's own read ends (requests, chunks, reports) are
+  closed last, once every wait of another driver thread that reads them has returned
+  (``ProcessServerEnd.close_fds``): ``abort()`` wakes such a wait at once, and a thread
+  that is not scheduled in time must not read a closed descriptor, or one reused since.
 * With ``inference_backend="process"`` (``request_channel``) the server runs in another
   process: it maps the segment, reads the requests pipe and writes the response pipes
   itself (``process_server._RequestEnd``), by the rules above; chunks still go to the
