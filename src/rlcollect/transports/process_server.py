@@ -17,8 +17,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,8 +110,11 @@ class ProcessServerEnd(ServerEnd):
     # inference thread ------------------------------------------------------------------
 
     def wait_requests(self, timeout: float) -> list[tuple[int, int]]:
-        with self._waiting():
+        self._enter_wait()
+        try:
             tagged = _read_requests(self._requests_r, self._request_poll, self._wake_r, timeout)
+        finally:
+            self._leave_wait()
         return self._generations.split(tagged)
 
     def respond(self, workers: Sequence[int]) -> None:
@@ -128,8 +130,11 @@ class ProcessServerEnd(ServerEnd):
     def wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
         if self._failure is not None:
             raise self._failure
-        with self._waiting():
+        self._enter_wait()
+        try:
             return self._wait_chunks(timeout)
+        finally:
+            self._leave_wait()
 
     def _wait_chunks(self, timeout: float) -> list[tuple[int, int]]:
         ready = self._chunk_poll.poll(_ms(timeout))
@@ -228,20 +233,19 @@ class ProcessServerEnd(ServerEnd):
 
     # any thread ------------------------------------------------------------------------
 
-    @contextmanager
-    def _waiting(self) -> Iterator[None]:
-        """A wait under way: refused once aborted, counted until it returns."""
+    # A wait under way, from _enter_wait() to _leave_wait() (try/finally in the waits, not
+    # a context manager: the server thread waits once per batch of requests).
+    def _enter_wait(self) -> None:
         with self._lock:
             if self._aborted:
                 raise ChannelClosed("transport aborted")
             self._waits += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._waits -= 1
-                if not self._waits:
-                    self._no_waits.notify_all()
+
+    def _leave_wait(self) -> None:
+        with self._lock:
+            self._waits -= 1
+            if not self._waits:
+                self._no_waits.notify_all()
 
     def abort(self) -> None:
         with self._lock:
